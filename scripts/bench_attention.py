@@ -1,0 +1,135 @@
+"""Forward+backward time of our MultiHeadAttention against torch.nn.MultiheadAttention and a naive
+matmul/masked_fill/softmax/matmul module, for short and long batches, fp32 and bf16 autocast.
+
+    python scripts/bench_attention.py            # print the table
+    python scripts/bench_attention.py --write    # and record it in docs/benchmarks.md
+
+Run it alone: another torch process on the same cores distorts every number.
+"""
+
+import argparse
+import math
+import platform
+import statistics
+import time
+from contextlib import nullcontext
+from datetime import date
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer.model.attention import MultiHeadAttention
+
+SHAPES = {"short": dict(B=64, T=32, d=256, h=8), "long": dict(B=4, T=1024, d=512, h=8)}
+DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- bench_attention:begin -->", "<!-- bench_attention:end -->"
+
+
+class NaiveAttention(nn.Module):
+    """The textbook module: four Linear layers, scores materialised, masked_fill, softmax, matmul."""
+
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.h, self.hs = h, d // h
+        self.q, self.k, self.v, self.out = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x, allowed):  # allowed: (B|1, 1, T, T) or (B, 1, 1, T), True = may attend
+        B, T, d = x.shape
+        q, k, v = (proj(x).view(B, T, self.h, self.hs).transpose(1, 2) for proj in (self.q, self.k, self.v))  # (B, nh, T, hs)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.hs)  # (B, nh, T, T)
+        probs = F.softmax(scores.masked_fill(~allowed, -1e9), dim=-1)
+        return self.out((probs @ v).transpose(1, 2).reshape(B, T, d))  # (B, T, d)
+
+
+def make_calls(shape: dict, masking: str):
+    B, T, d, h = shape["B"], shape["T"], shape["d"], shape["h"]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, T, d, generator=g)
+    lengths = torch.randint(T // 2, T + 1, (B,), generator=g)
+    lengths[0] = T
+    padding = torch.arange(T)[None, :] >= lengths[:, None]  # (B, T), True = padding
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)  # True = may not attend
+    ours, torch_mha, naive = MultiHeadAttention(d, h), nn.MultiheadAttention(d, h, batch_first=True), NaiveAttention(d, h)
+    if masking == "padding":
+        return x, {
+            "ours": lambda x: ours(x, x, x, key_padding_mask=padding)[0],
+            "nn.MultiheadAttention": lambda x: torch_mha(x, x, x, key_padding_mask=padding, need_weights=False)[0],
+            "naive": lambda x: naive(x, ~padding[:, None, None, :]),
+        }
+    return x, {
+        "ours": lambda x: ours(x, x, x, is_causal=True)[0],
+        "nn.MultiheadAttention": lambda x: torch_mha(x, x, x, attn_mask=causal, is_causal=True, need_weights=False)[0],
+        "naive": lambda x: naive(x, ~causal[None, None]),
+    }
+
+
+def time_calls(x, calls: dict, precision: str, reps: int, iters: int) -> dict[str, float]:
+    """Median seconds per forward+backward; implementations interleaved so drift hits all alike."""
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    x = x.clone().requires_grad_(True)
+
+    def step(fn):
+        with autocast:
+            y = fn(x)
+        y.float().sum().backward()
+
+    samples = {name: [] for name in calls}
+    for fn in calls.values():  # warm-up
+        step(fn)
+        step(fn)
+    for _ in range(reps):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            for _ in range(iters):
+                step(fn)
+            samples[name].append((time.perf_counter() - start) / iters)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
+    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=7, help="timed windows per measurement (median reported)")
+    parser.add_argument("--write", action="store_true", help=f"record the table in {DOC}")
+    args = parser.parse_args()
+
+    rows = ["| shape | mask | precision | ours ms | nn.MHA ms | naive ms | ours vs nn.MHA | ours vs naive |",
+            "|---|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    print(machine())
+    for shape_name, shape in SHAPES.items():
+        iters = 5 if shape_name == "short" else 1
+        for masking in ("padding", "causal"):
+            x, calls = make_calls(shape, masking)
+            for precision in ("fp32", "bf16"):
+                t = time_calls(x, calls, precision, args.reps, iters)
+                label = f"{shape_name} (B={shape['B']}, T={shape['T']}, d={shape['d']}, h={shape['h']})"
+                rows.append(
+                    f"| {label} | {masking} | {precision} | {t['ours'] * 1e3:.1f} | {t['nn.MultiheadAttention'] * 1e3:.1f} | "
+                    f"{t['naive'] * 1e3:.1f} | {t['nn.MultiheadAttention'] / t['ours']:.2f}x | {t['naive'] / t['ours']:.2f}x |"
+                )
+                print(rows[-1], flush=True)
+    table = "\n".join(rows)
+    if args.write:
+        section = (
+            f"{BEGIN}\n## Attention: forward+backward (`python scripts/bench_attention.py --write`)\n\n"
+            f"Measured {date.today()} on {machine()}; median of {args.reps} timed windows after warm-up, "
+            "all three implementations interleaved in the same run. Ratios above 1x mean ours is faster.\n\n"
+            f"{table}\n{END}"
+        )
+        text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+        if BEGIN in text:
+            text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
+        else:
+            text = text.rstrip() + "\n\n" + section + "\n"
+        DOC.write_text(text)
+        print(f"recorded in {DOC}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer.model import MODEL_SIZES, ModelConfig, MultiHeadAttention, build_model
+
+PAD, V = 0, 23
+
+
+def tiny(**overrides):
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_size("tiny", **{"src_vocab_size": V, "tgt_vocab_size": V, "pad_id": PAD, **overrides})
+    return build_model(cfg).eval()
+
+
+def tokens(lengths, total, vocab=V):
+    """Right-padded random token ids (B, total), none of them PAD inside a sentence."""
+    x = torch.randint(1, vocab, (len(lengths), total))
+    return x.masked_fill(torch.arange(total)[None, :] >= torch.tensor(lengths)[:, None], PAD)
+
+
+VARIANTS = [
+    {},
+    {"norm_first": False},
+    {"positions": "learned", "activation": "gelu"},
+    {"share_embeddings": False, "tie_output": False, "tgt_vocab_size": 31},
+    {"window": 2},
+]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_cached_decoding_equals_full_forward(overrides):
+    model = tiny(**overrides)
+    src, tgt = tokens([6, 3, 5], 6), tokens([5, 5, 5], 5, vocab=model.output.out_features)
+    full = model(src, tgt)
+    assert full.shape == (3, 5, model.output.out_features)
+    memory, src_padding = model.encode(src)
+    cache = model.new_cache()
+    steps = [model.decode(tgt[:, t : t + 1], memory, src_padding, cache) for t in range(5)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_source_padding_does_not_change_outputs():
+    model = tiny()
+    src, tgt = tokens([6, 3], 6), tokens([4, 4], 4)
+    padded = torch.cat([src, torch.full((2, 5), PAD)], dim=1)
+    torch.testing.assert_close(model(padded, tgt), model(src, tgt), rtol=1e-5, atol=1e-5)
+    # and a sentence alone equals the same sentence padded inside a batch
+    torch.testing.assert_close(model(src[1:, :3], tgt[1:]), model(src, tgt)[1:], rtol=1e-5, atol=1e-5)
+
+
+def test_future_target_tokens_do_not_change_earlier_logits():
+    model = tiny()
+    src, tgt = tokens([5, 5], 5), tokens([6, 6], 6)
+    changed = tgt.clone()
+    changed[:, 4:] = (changed[:, 4:] % (V - 1)) + 1
+    a, b = model(src, tgt), model(src, changed)
+    torch.testing.assert_close(a[:, :4], b[:, :4])
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+def test_embeddings_shared_tied_and_scaled():
+    model = tiny()
+    assert model.src_embed.tokens is model.tgt_embed.tokens
+    assert model.output.weight is model.tgt_embed.tokens.weight
+    assert torch.all(model.tgt_embed.tokens.weight[PAD] == 0)
+    untied = tiny(share_embeddings=False, tie_output=False)
+    assert untied.src_embed.tokens is not untied.tgt_embed.tokens
+    assert untied.output.weight is not untied.tgt_embed.tokens.weight
+    d = model.src_embed.tokens.embedding_dim
+    # sqrt(d) scaling: token part of the embedding has about unit variance
+    ids = torch.arange(1, V)[None]
+    scaled = model.src_embed(ids) - model.src_embed.positions[: V - 1]
+    assert 0.5 < scaled.std().item() < 1.5
+    assert model.src_embed.scale == pytest.approx(d**0.5)
+
+
+def test_sinusoidal_positions_follow_the_paper():
+    model = tiny()
+    pe = model.src_embed.positions
+    d = pe.size(1)
+    pos, i = 7, 3
+    assert pe[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(pos / 10000 ** (2 * i / d))).item(), abs=1e-6)
+    assert pe[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(pos / 10000 ** (2 * i / d))).item(), abs=1e-6)
+    assert "src_embed.positions" not in model.state_dict()  # rebuilt from the config, not saved
+
+
+def test_attention_layers_are_state_dict_compatible_with_torch():
+    model = tiny()
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            ref = torch.nn.MultiheadAttention(module.embed_dim, module.num_heads, batch_first=True)
+            ref.load_state_dict(module.state_dict())
+
+
+def test_base_parameter_count_matches_the_paper():
+    cfg = ModelConfig.from_size("base", src_vocab_size=37000, tgt_vocab_size=37000, pad_id=0)
+    n = sum(p.numel() for p in build_model(cfg).parameters())
+    assert 60e6 < n < 66e6  # the paper reports 65M for base with a shared 37k vocabulary
+
+
+def test_named_sizes_and_config_errors():
+    assert set(MODEL_SIZES) >= {"tiny", "small", "base", "big"}
+    small = ModelConfig.from_size("small", src_vocab_size=8000, tgt_vocab_size=8000, pad_id=0)
+    assert (small.d_model, small.n_encoder_layers, small.n_decoder_layers) == (256, 3, 3)
+    with pytest.raises(ValueError, match="unknown model size 'huge'; choose one of tiny, small, base, big"):
+        ModelConfig.from_size("huge", src_vocab_size=8, tgt_vocab_size=8, pad_id=0)
+    with pytest.raises(ValueError, match="unknown model config field"):
+        ModelConfig.from_size("tiny", src_vocab_size=8, tgt_vocab_size=8, pad_id=0, dmodel=3)
+    with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
+        ModelConfig.from_size("tiny", src_vocab_size=8, tgt_vocab_size=8, pad_id=0, d_model=30)
+    with pytest.raises(ValueError, match="share_embeddings needs one vocabulary"):
+        ModelConfig.from_size("tiny", src_vocab_size=8, tgt_vocab_size=9, pad_id=0)
+    with pytest.raises(ValueError, match="activation='swish' is not one of relu, gelu"):
+        ModelConfig.from_size("tiny", src_vocab_size=8, tgt_vocab_size=8, pad_id=0, activation="swish")
+    with pytest.raises(ValueError, match="pad_id=8 is outside src_vocab_size=8"):
+        ModelConfig.from_size("tiny", src_vocab_size=8, tgt_vocab_size=8, pad_id=8)
+
+
+def test_too_long_input_names_max_positions():
+    model = tiny(max_positions=8)
+    with pytest.raises(ValueError, match="max_positions=8"):
+        model(tokens([9], 9), tokens([3], 3))
+
+
+def test_model_package_imports_neither_lightning_nor_hydra():
+    code = (
+        "import sys, transformer.model; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'hydra', 'omegaconf')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": False}])
+def test_tiny_model_overfits_a_few_sentence_pairs(overrides):
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD, dropout=0.0, **overrides)
+    model = build_model(cfg).train()
+    bos = 1
+    src = tokens([7, 5, 6, 4], 7)
+    tgt = torch.cat([torch.full((4, 1), bos), tokens([6, 4, 5, 3], 6)], dim=1)  # (B, 7): BOS + target
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+
+    def loss_fn():
+        logits = model(src, tgt_in)
+        return F.cross_entropy(logits.reshape(-1, V), tgt_out.reshape(-1), ignore_index=PAD)
+
+    first = loss_fn().item()
+    for _ in range(300):
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+    assert first > 2.0
+    assert loss.item() < 0.05

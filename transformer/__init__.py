@@ -1,0 +1,1 @@
+"""transformer: an encoder-decoder Transformer for machine translation."""

@@ -1,0 +1,68 @@
+"""The model's one config: plain numbers and strings, so it can live in a checkpoint's hyperparameters."""
+
+from dataclasses import dataclass, fields
+
+from .attention import SDPA_BACKENDS
+
+ACTIVATIONS = ("relu", "gelu")
+POSITIONS = ("sinusoidal", "learned")
+
+# Named sizes; any field can still be overridden. base is the paper's, big its big model.
+MODEL_SIZES = {
+    "tiny": dict(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2),
+    "small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3),
+    "base": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6),
+    "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_encoder_layers=6, n_decoder_layers=6, dropout=0.3),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    src_vocab_size: int
+    tgt_vocab_size: int
+    pad_id: int
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    n_encoder_layers: int = 3
+    n_decoder_layers: int = 3
+    dropout: float = 0.1  # embeddings and residual branches
+    attention_dropout: float = 0.0  # attention probabilities
+    activation_dropout: float = 0.0  # inside the feed-forward block
+    activation: str = "relu"
+    norm_first: bool = True  # pre-LayerNorm; False is the 2017 paper's post-LayerNorm
+    positions: str = "sinusoidal"
+    max_positions: int = 1024
+    share_embeddings: bool = True  # one table for source and target tokens (joint vocabulary)
+    tie_output: bool = True  # output projection = target embedding table
+    window: int | None = None  # self-attention sees keys within this many positions
+    attention_backend: str = "auto"
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; change one of them")
+        for name, value, choices in (
+            ("activation", self.activation, ACTIVATIONS),
+            ("positions", self.positions, POSITIONS),
+            ("attention_backend", self.attention_backend, tuple(SDPA_BACKENDS)),
+        ):
+            if value not in choices:
+                raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                f"share_embeddings needs one vocabulary, got src_vocab_size={self.src_vocab_size} and "
+                f"tgt_vocab_size={self.tgt_vocab_size}; set share_embeddings=false or train a joint vocabulary"
+            )
+        for name in ("src_vocab_size", "tgt_vocab_size"):
+            if not 0 <= self.pad_id < getattr(self, name):
+                raise ValueError(f"pad_id={self.pad_id} is outside {name}={getattr(self, name)}")
+
+    @classmethod
+    def from_size(cls, size: str, **overrides) -> "ModelConfig":
+        """A named size (tiny, small, base, big) with any field overridden."""
+        if size not in MODEL_SIZES:
+            raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(MODEL_SIZES)}")
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown model config field(s) {', '.join(sorted(unknown))}")
+        return cls(**{**MODEL_SIZES[size], **overrides})

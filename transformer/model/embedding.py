@@ -1,0 +1,45 @@
+"""Token embeddings scaled by sqrt(d_model), plus sinusoidal or learned positions."""
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(length: int, d_model: int) -> Tensor:
+    """The paper's PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), (length, d)."""
+    pos = torch.arange(length, dtype=torch.float64)[:, None]
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
+    return table.float()
+
+
+class Embeddings(nn.Module):
+    """tokens (B, T) -> dropout(token_table[tokens] * sqrt(d) + positions[offset : offset + T]), (B, T, d).
+
+    `offset` is the position of the first token: non-zero when decoding step by step with a cache.
+    """
+
+    def __init__(self, tokens: nn.Embedding, max_positions: int, learned_positions: bool, dropout: float):
+        super().__init__()
+        d_model = tokens.embedding_dim
+        self.tokens = tokens
+        self.scale = math.sqrt(d_model)
+        self.max_positions = max_positions
+        if learned_positions:
+            self.positions = nn.Parameter(torch.empty(max_positions, d_model))
+        else:  # not a parameter, and not saved: rebuilt from the config
+            self.register_buffer("positions", sinusoidal_table(max_positions, d_model), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        end = offset + tokens.size(1)
+        if end > self.max_positions:
+            raise ValueError(
+                f"sequence reaches position {end} but max_positions={self.max_positions}; "
+                "shorten the inputs or raise model.max_positions"
+            )
+        x = self.tokens(tokens) * self.scale + self.positions[offset:end]
+        return self.dropout(x)

@@ -1,0 +1,80 @@
+"""Encoder and decoder layers: attention and feed-forward blocks inside residual connections."""
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from .attention import KVCache, MultiHeadAttention
+from .config import ModelConfig
+
+
+class Residual(nn.Module):
+    """x + dropout(f(norm(x))) with pre-LayerNorm, or norm(x + dropout(f(x))) with post-LayerNorm."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.activation = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+        self.dropout = nn.Dropout(cfg.activation_dropout)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.activation(self.fc1(x))))
+
+
+def _attention(cfg: ModelConfig, window: int | None) -> MultiHeadAttention:
+    return MultiHeadAttention(
+        cfg.d_model, cfg.n_heads, dropout=cfg.attention_dropout, window=window, backend=cfg.attention_backend
+    )
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = _attention(cfg, cfg.window)
+        self.ff = FeedForward(cfg)
+        self.attn_block = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.ff_block = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+
+    def forward(self, x: Tensor, src_padding: Tensor | None) -> Tensor:
+        x = self.attn_block(x, lambda h: self.self_attn(h, h, h, key_padding_mask=src_padding)[0])
+        return self.ff_block(x, self.ff)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = _attention(cfg, cfg.window)
+        self.cross_attn = _attention(cfg, None)
+        self.ff = FeedForward(cfg)
+        self.self_attn_block = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.cross_attn_block = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.ff_block = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        src_padding: Tensor | None,
+        self_cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+    ) -> Tensor:
+        # Targets are right-padded, so pad keys lie in every real query's future: causal alone suffices.
+        x = self.self_attn_block(x, lambda h: self.self_attn(h, h, h, is_causal=True, cache=self_cache)[0])
+        x = self.cross_attn_block(
+            x, lambda h: self.cross_attn(h, memory, memory, key_padding_mask=src_padding, cache=cross_cache)[0]
+        )
+        return self.ff_block(x, self.ff)
