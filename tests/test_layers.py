@@ -1,0 +1,71 @@
+"""Encoder and decoder layers against torch.nn.TransformerEncoderLayer / TransformerDecoderLayer."""
+
+import pytest
+import torch
+from torch import nn
+
+from transformer.model import ModelConfig
+from transformer.model.layers import DecoderLayer, EncoderLayer
+
+# our parameter names -> torch's
+ENCODER_NAMES = {"ff.fc1": "linear1", "ff.fc2": "linear2", "attn_block.norm": "norm1", "ff_block.norm": "norm2"}
+DECODER_NAMES = {
+    "cross_attn": "multihead_attn", "ff.fc1": "linear1", "ff.fc2": "linear2",
+    "self_attn_block.norm": "norm1", "cross_attn_block.norm": "norm2", "ff_block.norm": "norm3",
+}  # fmt: skip
+
+
+def copy_into(ref: nn.Module, ours: nn.Module, names: dict[str, str]) -> None:
+    state = {}
+    for key, value in ours.state_dict().items():
+        for mine, theirs in names.items():
+            if key.startswith(mine + "."):
+                key = theirs + key[len(mine) :]
+        state[key] = value
+    ref.load_state_dict(state)
+
+
+def randomise(module: nn.Module) -> None:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.3)
+
+
+def config(norm_first: bool, activation: str) -> ModelConfig:
+    return ModelConfig.from_size(
+        "tiny", src_vocab_size=10, tgt_vocab_size=10, pad_id=0, norm_first=norm_first, activation=activation
+    )
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_layer_matches_torch(norm_first, activation):
+    cfg = config(norm_first, activation)
+    ours = EncoderLayer(cfg).eval()
+    randomise(ours)
+    ref = nn.TransformerEncoderLayer(
+        cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+    ).eval()
+    copy_into(ref, ours, ENCODER_NAMES)
+    x = torch.randn(3, 6, cfg.d_model)
+    padding = torch.arange(6)[None, :] >= torch.tensor([6, 2, 4])[:, None]
+    expected = ref(x, src_key_padding_mask=padding)
+    got = ours(x, padding)
+    real = ~padding  # torch's fast path may leave padded positions as zeros
+    torch.testing.assert_close(got[real], expected[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_decoder_layer_matches_torch(norm_first):
+    cfg = config(norm_first, "relu")
+    ours = DecoderLayer(cfg).eval()
+    randomise(ours)
+    ref = nn.TransformerDecoderLayer(
+        cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True, norm_first=norm_first
+    ).eval()
+    copy_into(ref, ours, DECODER_NAMES)
+    x, memory = torch.randn(2, 5, cfg.d_model), torch.randn(2, 7, cfg.d_model)
+    src_padding = torch.arange(7)[None, :] >= torch.tensor([7, 3])[:, None]
+    causal = nn.Transformer.generate_square_subsequent_mask(5)
+    expected = ref(x, memory, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=src_padding)
+    torch.testing.assert_close(ours(x, memory, src_padding), expected, rtol=1e-5, atol=1e-5)
