@@ -314,3 +314,30 @@ def test_bad_construction():
         MultiHeadAttention(10, 4)
     with pytest.raises(ValueError, match="unknown attention backend 'fast'"):
         MultiHeadAttention(D, H, backend="fast")
+
+
+def test_auto_goes_explicit_only_for_short_reduced_precision_cpu_training():
+    from transformer.model.attention import CPU_EXPLICIT_MAX_KEYS, explicit_is_faster
+
+    assert explicit_is_faster("cpu", torch.bfloat16, True, CPU_EXPLICIT_MAX_KEYS)
+    assert not explicit_is_faster("cpu", torch.bfloat16, True, CPU_EXPLICIT_MAX_KEYS + 1)  # long: flash wins
+    assert not explicit_is_faster("cpu", torch.bfloat16, False, 32)  # inference: SDPA's forward is fine
+    assert not explicit_is_faster("cpu", torch.float32, True, 32)
+    assert not explicit_is_faster("cuda", torch.bfloat16, True, 32)
+
+
+def test_bf16_autocast_training_step_matches_float32():
+    ours, _ = pair()
+    ours.train()
+    x = torch.randn(4, 12, D, requires_grad=True)
+    kpm = padding_mask([12, 5, 9, 12], 12)
+    out32 = ours(x, key_padding_mask=kpm)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out16 = ours(x, key_padding_mask=kpm)[0]  # the explicit path on CPU (see explicit_is_faster)
+        with torch.no_grad():
+            sdpa16 = ours(x, key_padding_mask=kpm)[0]  # SDPA's kernels
+    assert out16.dtype == torch.bfloat16
+    out16.float().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    torch.testing.assert_close(out16.float(), out32, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(sdpa16.float(), out32, rtol=0.05, atol=0.05)

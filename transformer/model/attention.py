@@ -25,6 +25,18 @@ SDPA_BACKENDS = {
 }
 
 
+# Up to this many keys, CPU training in bf16/fp16 computes attention explicitly (matmul, softmax,
+# matmul): there it runs 2-6x faster than SDPA's CPU kernels, whose bf16 backward is slow
+# (fp32 and longer keys favour SDPA's flash kernel; docs/benchmarks.md).
+CPU_EXPLICIT_MAX_KEYS = 128
+
+
+def explicit_is_faster(device_type: str, dtype: torch.dtype, needs_grad: bool, k_len: int) -> bool:
+    """Whether `backend="auto"` skips SDPA for the explicit path: only in that measured case."""
+    reduced = dtype in (torch.bfloat16, torch.float16)
+    return device_type == "cpu" and reduced and needs_grad and k_len <= CPU_EXPLICIT_MAX_KEYS
+
+
 @dataclass
 class KVCache:
     """Projected keys and values kept between decoding steps, each (B, nh, S, hs).
@@ -109,6 +121,8 @@ def attention_mask(
     keep = reduce(operator.and_, allowed) if allowed else None
     if not additive:
         dead = ~keep.any(dim=-1, keepdim=True)
+        if device.type == "cpu" and not dead.any():  # free to check on CPU; on a GPU the sync costs more
+            return keep, False, None
         return keep | dead, False, dead
 
     mask = reduce(operator.add, additive)
@@ -213,16 +227,20 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache.k, cache.v = k, v
 
+        explicit = need_weights or (
+            self.backend == "auto" and explicit_is_faster(q.device.type, q.dtype, q.requires_grad, k.size(2))
+        )
         mask, causal, dead = attention_mask(
             key_padding_mask, attn_mask,
             batch=B, heads=self.num_heads, q_len=L, k_len=k.size(2),
             is_causal=is_causal, window=self.window, dtype=q.dtype, device=q.device,
-            native_causal=not need_weights,
+            native_causal=not explicit,
         )  # fmt: skip
         dropout_p = self.dropout if self.training else 0.0
         weights = None
-        if need_weights:
+        if explicit:
             y, weights = self._explicit_attention(q, k, v, mask, dropout_p)
+            weights = weights if need_weights else None
         else:
             with self._kernel():
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
@@ -239,10 +257,10 @@ class MultiHeadAttention(nn.Module):
         return nullcontext() if backend is None else sdpa_kernel(backend)
 
     def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float):
-        """softmax(QK^T / sqrt(hs) + mask) V with the probabilities kept (before dropout), for inspection."""
-        softmax_dtype = torch.promote_types(q.dtype, torch.float32)  # bf16 scores softmaxed in float32
-        scores = (q @ k.transpose(-2, -1)).to(softmax_dtype) / math.sqrt(self.head_dim)  # (B, nh, L, S)
+        """softmax(QK^T / sqrt(hs) + mask) V with the probabilities kept (before dropout), for inspection.
+        bf16 stays bf16: softmax kernels accumulate in float32 internally."""
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, L, S)
         if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.to(softmax_dtype)
-        probs = scores.softmax(dim=-1).to(q.dtype)
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        probs = scores.softmax(dim=-1)
         return F.dropout(probs, dropout_p) @ v, probs
