@@ -28,7 +28,7 @@ SDPA_BACKENDS = {
 # Up to this many keys, CPU training in bf16/fp16 computes attention explicitly (matmul, softmax,
 # matmul): there it runs 2-6x faster than SDPA's CPU kernels, whose bf16 backward is slow
 # (fp32 and longer keys favour SDPA's flash kernel; docs/benchmarks.md).
-CPU_EXPLICIT_MAX_KEYS = 128
+CPU_EXPLICIT_MAX_KEYS = 256
 
 
 def explicit_is_faster(device_type: str, dtype: torch.dtype, needs_grad: bool, k_len: int) -> bool:
