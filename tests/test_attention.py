@@ -165,7 +165,7 @@ def test_causal_outputs_ignore_future_tokens(need_weights):
 
 @pytest.mark.parametrize("kind", ["bool_padding", "float_padding", "attn_mask"])
 def test_fully_masked_rows_give_zeros_not_nan(kind):
-    ours = MultiHeadAttention(D, H, bias=False).train()  # train mode: dropout path too
+    ours = MultiHeadAttention(D, H, bias=False, dropout=0.5).train()  # the dropout path too
     x = torch.randn(2, 5, D, requires_grad=True)
     kwargs = {}
     if kind == "bool_padding":
@@ -181,7 +181,7 @@ def test_fully_masked_rows_give_zeros_not_nan(kind):
         out.sum().backward()
         assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
         dead = (1, slice(None)) if kind != "attn_mask" else (slice(None), 2)
-        assert torch.all(out[dead] == 0)  # no bias: zero attention output stays zero
+        assert torch.all(out[dead] == 0)  # no bias: the dead rows' zero attention stays zero
         if need_weights:
             assert torch.all(w[dead] == 0)
 
@@ -196,7 +196,7 @@ def test_cached_decoding_equals_full_prefix(window):
     x, mem = torch.randn(2, 7, D), torch.randn(2, 5, D)
     kpm = padding_mask([5, 2], 5)
     full = cross_attn(self_attn(x, is_causal=True)[0], mem, mem, key_padding_mask=kpm)[0]
-    self_cache, cross_cache = KVCache(), KVCache()
+    self_cache, cross_cache = KVCache(), KVCache(static=True)
     steps = []
     for t in range(7):
         h = self_attn(x[:, t : t + 1], is_causal=True, cache=self_cache)[0]
@@ -206,6 +206,25 @@ def test_cached_decoding_equals_full_prefix(window):
         assert cross_cache.k is projected_memory  # the encoder output is projected once
         assert len(self_cache) == t + 1
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
+
+
+def test_cache_appends_when_keys_are_equal_but_separate_tensors():
+    attn, _ = pair()
+    x = torch.randn(2, 4, D)
+    cache = KVCache()
+    steps = [attn(x[:, t : t + 1], x[:, t : t + 1].clone(), x[:, t : t + 1].clone(), is_causal=True, cache=cache)[0]
+             for t in range(4)]  # fmt: skip
+    assert len(cache) == 4
+    torch.testing.assert_close(torch.cat(steps, dim=1), attn(x, is_causal=True)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_cache_of_another_batch_size_is_a_value_error():
+    attn, _ = pair()
+    mem = torch.randn(2, 5, D)
+    cache = KVCache(static=True)
+    attn(torch.randn(2, 1, D), mem, mem, cache=cache)
+    with pytest.raises(ValueError, match="cache holds batch 2, query has batch 3"):
+        attn(torch.randn(3, 1, D), torch.randn(3, 5, D), torch.randn(3, 5, D), cache=cache)
 
 
 def test_cache_accepts_several_new_tokens_at_once():

@@ -41,10 +41,11 @@ def explicit_is_faster(device_type: str, dtype: torch.dtype, needs_grad: bool, k
 class KVCache:
     """Projected keys and values kept between decoding steps, each (B, nh, S, hs).
 
-    Self-attention appends each step's keys and values; cross-attention fills the cache
-    from the encoder output on the first step and reuses it on every later one.
+    By default each step's keys and values are appended (self-attention). A static cache
+    (cross-attention) is filled from the encoder output on the first step and reused after.
     """
 
+    static: bool = False
     k: Tensor | None = None
     v: Tensor | None = None
 
@@ -205,27 +206,25 @@ class MultiHeadAttention(nn.Module):
         self._check_inputs(query, key, value)
         B, L, d = query.shape
 
-        if key is query and value is query:  # self-attention: Q, K, V in one matmul
-            q, k, v = self._project(query, slice(None)).split(d, dim=-1)
-            q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
-            if cache is not None:
-                if cache.k is not None:
-                    if cache.k.size(0) != B:
-                        raise ValueError(f"cache holds batch {cache.k.size(0)}, query has batch {B}")
-                    k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)  # (B, nh, S, hs)
-                cache.k, cache.v = k, v
-        else:
+        if cache is not None and cache.k is not None and cache.k.size(0) != B:
+            raise ValueError(f"cache holds batch {cache.k.size(0)}, query has batch {B}; reorder or reset the cache")
+        if cache is not None and cache.static and cache.k is not None:  # cross-attention: K, V projected on step one
             q = self._split_heads(self._project(query, slice(0, d)))
-            if cache is not None and cache.k is not None:  # cross-attention: K, V projected on step one
-                k, v = cache.k, cache.v
+            k, v = cache.k, cache.v
+        else:
+            if key is query and value is query:  # self-attention: Q, K, V in one matmul
+                q, k, v = self._project(query, slice(None)).split(d, dim=-1)
             else:
+                q = self._project(query, slice(0, d))
                 if key is value:  # K and V from one source: one matmul
                     k, v = self._project(key, slice(d, None)).split(d, dim=-1)
                 else:
                     k, v = self._project(key, slice(d, 2 * d)), self._project(value, slice(2 * d, None))
-                k, v = self._split_heads(k), self._split_heads(v)
-                if cache is not None:
-                    cache.k, cache.v = k, v
+            q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+            if cache is not None:
+                if cache.k is not None:  # (static caches never get here with keys)
+                    k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)  # (B, nh, S, hs)
+                cache.k, cache.v = k, v
 
         explicit = need_weights or (
             self.backend == "auto" and explicit_is_faster(q.device.type, q.dtype, q.requires_grad, k.size(2))

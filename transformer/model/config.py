@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, fields
 
+from ..config_check import check_field_types
 from .attention import SDPA_BACKENDS
 
 ACTIVATIONS = ("relu", "gelu")
@@ -39,6 +40,7 @@ class ModelConfig:
     attention_backend: str = "auto"
 
     def __post_init__(self):
+        check_field_types(self, "model")
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; change one of them")
         for name, value, choices in (

@@ -19,7 +19,7 @@ class DecoderCache:
 
     @classmethod
     def empty(cls, n_layers: int) -> "DecoderCache":
-        return cls([KVCache() for _ in range(n_layers)], [KVCache() for _ in range(n_layers)])
+        return cls([KVCache() for _ in range(n_layers)], [KVCache(static=True) for _ in range(n_layers)])
 
     def __len__(self) -> int:
         """Target tokens decoded so far."""
