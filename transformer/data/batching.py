@@ -1,0 +1,150 @@
+"""Token-bucketed batches: length-sorted, packed up to max_tokens, shuffled by (seed, epoch), resumable."""
+
+import numpy as np
+import pyarrow.compute as pc
+import torch
+from datasets import Dataset
+
+
+class TokenBatchSampler:
+    """Yields batches of example indices whose padded size (batch size x longest side) fits max_tokens.
+
+    The batches of an epoch are a pure function of (seed, epoch): examples are shuffled, stably
+    sorted by length, packed greedily, and the batches shuffled. Under distributed training every
+    rank builds the same list and takes every world_size-th batch, after dropping the remainder, so
+    ranks get disjoint batches of equal number. `state_dict` / `load_state_dict` save and restore
+    the position inside an epoch. With shuffle=False (validation, test) batches are in length order;
+    each batch carries its examples' indices so results map back to the input order.
+    """
+
+    def __init__(self, lengths: np.ndarray, max_tokens: int, *, shuffle: bool = True, seed: int = 0,
+                 num_replicas: int = 1, rank: int = 0):  # fmt: skip
+        """lengths: (N, 2) tokens per example, source and target, special tokens included."""
+        self.lengths = np.asarray(lengths).reshape(-1, 2)
+        longest = int(self.lengths.max(initial=0))
+        if longest > max_tokens:
+            raise ValueError(f"an example has {longest} tokens but max_tokens={max_tokens}; raise data.max_tokens")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank={rank} is outside num_replicas={num_replicas}")
+        self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch, self.position = 0, 0
+        self._cache: tuple[int, list[np.ndarray]] | None = None
+
+    def all_batches(self, epoch: int) -> list[np.ndarray]:
+        """Every rank's batches of `epoch`, before the split between ranks."""
+        rng = np.random.default_rng([self.seed, epoch])
+        n = len(self.lengths)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        size = self.lengths.max(axis=1)
+        order = order[np.lexsort((self.lengths[order].sum(axis=1), size[order]))]  # by longest side, then total
+        batches, start = [], 0
+        for i, length in enumerate(size[order]):  # ascending, so the newest example is the longest
+            if (i - start + 1) * length > self.max_tokens:
+                batches.append(order[start:i])
+                start = i
+        if start < n:
+            batches.append(order[start:])
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches of `epoch`."""
+        if self._cache is None or self._cache[0] != epoch:
+            every = self.all_batches(epoch)
+            usable = len(every) // self.num_replicas * self.num_replicas if self.num_replicas > 1 else len(every)
+            self._cache = (epoch, every[self.rank : usable : self.num_replicas])
+        return self._cache[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def __len__(self) -> int:
+        return len(self.batches(self.epoch))
+
+    def __iter__(self):
+        batches = self.batches(self.epoch)
+        while self.position < len(batches):
+            self.position += 1
+            yield batches[self.position - 1].tolist()
+        self.position = 0  # a finished epoch; the next one starts at its beginning
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["seed"] != self.seed:
+            raise ValueError(f"sampler state has seed {state['seed']}, this run seed {self.seed}; resume with data.seed={state['seed']}")
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+def example_lengths(ds: Dataset) -> np.ndarray:
+    """(N, 2) tokens per example as batched: source + EOS, BOS/EOS + target."""
+    src = pc.list_value_length(ds.data.column("src_ids")).to_numpy() + 1
+    tgt = pc.list_value_length(ds.data.column("tgt_ids")).to_numpy() + 1
+    return np.stack([src, tgt], axis=1)
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    """An encoded split held as flat int32 arrays; fetching a batch is slicing, not per-row lookups."""
+
+    def __init__(self, ds: Dataset):
+        self.src = self._flat(ds, "src_ids")
+        self.tgt = self._flat(ds, "tgt_ids")
+
+    @staticmethod
+    def _flat(ds: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
+        col = ds.with_format("arrow")[column].combine_chunks() if len(ds) else None
+        if col is None:
+            return np.zeros(0, np.int32), np.zeros(1, np.int64)
+        values = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        offsets = np.concatenate([[0], np.cumsum(pc.list_value_length(col).to_numpy())])
+        return values, offsets
+
+    def __len__(self) -> int:
+        return len(self.src[1]) - 1
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray, int]:
+        (sv, so), (tv, to) = self.src, self.tgt
+        return sv[so[i] : so[i + 1]], tv[to[i] : to[i + 1]], i
+
+
+class Collate:
+    """Pads a list of examples into a batch dict:
+    src (B, S) = ids + EOS; tgt_in (B, T) = BOS + ids; tgt_out (B, T) = ids + EOS; index (B,) of examples."""
+
+    def __init__(self, pad_id: int, bos_id: int, eos_id: int):
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+
+    def _pad(self, seqs: list[np.ndarray], before: int | None, after: int | None) -> torch.Tensor:
+        extra = (before is not None) + (after is not None)
+        out = np.full((len(seqs), max(len(s) for s in seqs) + extra), self.pad_id, dtype=np.int64)
+        for row, s in enumerate(seqs):
+            start = 0
+            if before is not None:
+                out[row, 0], start = before, 1
+            out[row, start : start + len(s)] = s
+            if after is not None:
+                out[row, start + len(s)] = after
+        return torch.from_numpy(out)
+
+    def __call__(self, examples: list[tuple[np.ndarray, np.ndarray, int]]) -> dict[str, torch.Tensor]:
+        src, tgt, index = zip(*examples)
+        return {
+            "src": self._pad(src, None, self.eos_id),
+            "tgt_in": self._pad(tgt, self.bos_id, None),
+            "tgt_out": self._pad(tgt, None, self.eos_id),
+            "index": torch.tensor(index),
+        }
+
+
+def padding_fraction(batches: list[np.ndarray], lengths: np.ndarray) -> float:
+    """Share of padding in the source and target tensors of these batches."""
+    real = padded = 0
+    for b in batches:
+        sizes = lengths[b]
+        real += int(sizes.sum())
+        padded += len(b) * int(sizes[:, 0].max() + sizes[:, 1].max())
+    return 1 - real / max(padded, 1)

@@ -1,0 +1,74 @@
+"""The LightningDataModule: prepared (cached) splits, token-bucketed loaders, a resumable train sampler."""
+
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader
+
+from .batching import Collate, TokenBatchSampler, TokenDataset, example_lengths
+from .config import DataConfig
+from .prepare import PreparedData, prepare_data
+from .sources import DataError
+
+
+class TranslationDataModule(pl.LightningDataModule):
+    def __init__(self, cfg: DataConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.prepared: PreparedData | None = None
+        self.train_sampler: TokenBatchSampler | None = None
+        self._sampler_state: dict | None = None
+
+    def prepare_data(self) -> None:  # once per node: trains and encodes, or finds the cache
+        prepare_data(self.cfg)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.prepared is None:
+            self.prepared = prepare_data(self.cfg)
+
+    @property
+    def data(self) -> PreparedData:
+        if self.prepared is None:
+            self.setup()
+        return self.prepared
+
+    def _ranks(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def _loader(self, split: str, shuffle: bool, num_replicas: int = 1, rank: int = 0) -> DataLoader:
+        if split not in self.data.splits:
+            raise DataError(f"unknown split {split!r}; {self.cfg.path} has {', '.join(self.data.splits)}")
+        ds = self.data.splits[split]
+        sampler = TokenBatchSampler(example_lengths(ds), self.cfg.max_tokens, shuffle=shuffle, seed=self.cfg.seed,
+                                    num_replicas=num_replicas, rank=rank)  # fmt: skip
+        tok = self.data.tgt_tokenizer
+        return DataLoader(
+            TokenDataset(ds), batch_sampler=sampler, collate_fn=Collate(tok.pad_id, tok.bos_id, tok.eos_id),
+            num_workers=self.cfg.num_workers,
+        )  # fmt: skip
+
+    def train_dataloader(self) -> DataLoader:
+        loader = self._loader(self.cfg.train_split, True, *self._ranks())
+        self.train_sampler = loader.batch_sampler
+        if self._sampler_state is not None:
+            self.train_sampler.load_state_dict(self._sampler_state)
+            self._sampler_state = None
+        return loader
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.cfg.valid_split, False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.cfg.test_split, False)
+
+    def split_dataloader(self, split: str) -> DataLoader:
+        """Any split of the corpus, in length-sorted batches whose `index` maps back to input order."""
+        return self._loader(split, False)
+
+    def state_dict(self) -> dict:
+        return {"train_sampler": self.train_sampler.state_dict()} if self.train_sampler is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._sampler_state = state.get("train_sampler")
+        if self._sampler_state is not None and self.train_sampler is not None:
+            self.train_sampler.load_state_dict(self._sampler_state)
+            self._sampler_state = None

@@ -1,0 +1,61 @@
+"""sentencepiece models: trained on the training split, special ids fixed at training and read back."""
+
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import sentencepiece as spm
+
+from .sources import DataError
+
+SPECIAL_IDS = dict(pad_id=0, unk_id=1, bos_id=2, eos_id=3)
+
+
+class SentencePiece:
+    """One sentencepiece model. Special ids and vocabulary size come from the model file."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        self.vocab_size = self.sp.get_piece_size()
+        self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
+        self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.sp.encode(texts)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return self.sp.decode(ids)
+
+
+def train_sentencepiece(sentences: Iterable[str], prefix: Path, vocab_size: int, model_type: str) -> SentencePiece:
+    """Train a model on `sentences`, written to prefix.model; byte fallback keeps every character encodable."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    tmp = prefix.with_name(prefix.name + ".tmp")
+
+    def non_empty() -> Iterator[str]:
+        return (s for s in sentences if s.strip())
+
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=non_empty(), model_prefix=str(tmp), vocab_size=vocab_size, model_type=model_type,
+            byte_fallback=True, character_coverage=1.0, input_sentence_size=5_000_000, shuffle_input_sentence=True,
+            num_threads=2, minloglevel=2, **SPECIAL_IDS,
+        )  # fmt: skip
+    except RuntimeError as e:
+        too_big = re.search(r"Please set it to a value <= (\d+)", str(e))
+        if too_big:
+            raise DataError(
+                f"data.vocab_size={vocab_size} is larger than this corpus allows (at most {too_big.group(1)}); "
+                "lower data.vocab_size"
+            ) from None
+        too_small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(e))
+        if too_small:
+            raise DataError(
+                f"data.vocab_size={vocab_size} is too small: the 256 byte pieces and this corpus's characters need "
+                f"at least {too_small.group(1)}; raise data.vocab_size"
+            ) from None
+        raise
+    for ext in (".model", ".vocab"):
+        Path(str(tmp) + ext).replace(str(prefix) + ext)  # renamed into place: never a half-written model
+    return SentencePiece(str(prefix) + ".model")
