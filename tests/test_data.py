@@ -82,6 +82,33 @@ def test_all_local_formats_load_the_same_pairs(tmp_path):
         assert {split: pairs(ds) for split, ds in loaded.items()} == expected, cfg
 
 
+def test_hub_layout_loads_translation_and_column_datasets(tmp_path):
+    """The hub path (format=hub) on a local folder laid out as a hub dataset: splits from file names."""
+    corpus = write_text_corpus(tmp_path / "text", sizes={"train": 30, "validation": 5})
+    hub = tmp_path / "hub"
+    (hub / "data").mkdir(parents=True)
+    for split, (de, en) in corpus.items():
+        with open(hub / "data" / f"{split}.jsonl", "w") as f:
+            for s, t in zip(de, en):
+                f.write(json.dumps({"translation": {"de": s, "en": t}}) + "\n")
+    loaded, fingerprint = load_corpus(config(hub, tmp_path, format="hub", valid_split="validation"))
+    assert {split: pairs(ds) for split, ds in loaded.items()} == {k: list(zip(*v)) for k, v in corpus.items()}
+    again, same = load_corpus(config(hub, tmp_path, format="hub", valid_split="validation"))
+    assert same == fingerprint
+
+
+def test_lightning_sets_the_epoch_of_the_token_sampler(tmp_path):
+    from lightning_fabric.utilities.data import _set_sampler_epoch
+
+    write_text_corpus(tmp_path / "c")
+    dm = TranslationDataModule(config(tmp_path / "c", tmp_path))
+    loader = dm.train_dataloader()
+    first = [b["index"].tolist() for b in loader]
+    _set_sampler_epoch(loader, 1)  # what Lightning's fit loop calls at each epoch
+    assert dm.train_sampler.epoch == 1
+    assert [b["index"].tolist() for b in loader] != first
+
+
 def test_reversed_direction_swaps_the_sides(tmp_path):
     corpus = write_text_corpus(tmp_path / "c")
     loaded, _ = load_corpus(config(tmp_path / "c", tmp_path, src="en", tgt="de"))

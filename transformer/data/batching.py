@@ -57,6 +57,11 @@ class TokenBatchSampler:
             self._cache = (epoch, every[self.rank : usable : self.num_replicas])
         return self._cache[1]
 
+    @property
+    def sampler(self) -> "TokenBatchSampler":
+        """Lightning calls set_epoch on `loader.batch_sampler.sampler`; here that is this object."""
+        return self
+
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
