@@ -1,6 +1,7 @@
 """The data config: where the corpus is, which languages, how to tokenize, clean and batch it."""
 
 from dataclasses import dataclass, fields
+
 from ..config_check import check_field_types
 
 FORMATS = ("text", "json", "parquet", "csv", "hub")
