@@ -26,9 +26,12 @@ def report(prepared: PreparedData, cfg: DataConfig) -> str:
         f"{'split':<18}{'pairs':>8}{'kept':>8}{'empty':>7}{'long':>6}{'ratio':>7}{'src mean/p95':>14}"
         f"{'tgt mean/p95':>14}{'batches':>9}{'padding':>9}",
     ]
+    train_batches = 1
     for split, s in prepared.stats.items():
         lengths = example_lengths(prepared.splits[split])
         batches = TokenBatchSampler(lengths, cfg.max_tokens, shuffle=split == cfg.train_split, seed=cfg.seed).all_batches(0)
+        if split == cfg.train_split:
+            train_batches = len(batches)
         d = s["dropped"]
         rows.append(
             f"{split:<18}{s['pairs']:>8}{s['kept']:>8}{d['empty']:>7}{d['too_long']:>6}{d['length_ratio']:>7}"
@@ -36,9 +39,8 @@ def report(prepared: PreparedData, cfg: DataConfig) -> str:
             f"{len(batches):>9}{padding_fraction(batches, lengths):>9.1%}"
         )
     train = example_lengths(prepared.splits[cfg.train_split])
-    rng = np.random.default_rng(cfg.seed)
-    order = rng.permutation(len(train))
-    per_batch = max(1, len(train) // len(TokenBatchSampler(train, cfg.max_tokens, seed=cfg.seed)))
+    order = np.random.default_rng(cfg.seed).permutation(len(train))
+    per_batch = max(1, len(train) // train_batches)  # sentences per batch, on average
     sentence_batches = [order[i : i + per_batch] for i in range(0, len(order), per_batch)]
     rows.append(
         f"\nmax_tokens={cfg.max_tokens}; the same {cfg.train_split} split in random batches of {per_batch} sentences "
