@@ -49,10 +49,14 @@ class TranslationDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         loader = self._loader(self.cfg.train_split, True, *self._ranks())
         self.train_sampler = loader.batch_sampler
-        if self._sampler_state is not None:
+        self._restore_sampler()
+        return loader
+
+    def _restore_sampler(self) -> None:
+        """Apply a loaded sampler state once both it and the sampler exist, whichever came first."""
+        if self._sampler_state is not None and self.train_sampler is not None:
             self.train_sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None
-        return loader
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.cfg.valid_split, False)
@@ -69,6 +73,4 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def load_state_dict(self, state: dict) -> None:
         self._sampler_state = state.get("train_sampler")
-        if self._sampler_state is not None and self.train_sampler is not None:
-            self.train_sampler.load_state_dict(self._sampler_state)
-            self._sampler_state = None
+        self._restore_sampler()

@@ -55,23 +55,22 @@ class TranslationModule(pl.LightningModule):
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)
 
-    def _losses(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(label-smoothed loss per target token, summed NLL, number of target tokens)."""
+    def _loss_sum(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cross-entropy summed over target tokens, number of target tokens); padding ignored."""
         logits = self.model(batch["src"], batch["tgt_in"]).flatten(0, 1).float()  # (B*T, V)
         target = batch["tgt_out"].flatten()
         pad = self.model_config.pad_id
-        tokens = target.ne(pad).sum()
-        smoothed = F.cross_entropy(logits, target, ignore_index=pad, label_smoothing=self.optim_config.label_smoothing, reduction="sum")
-        nll = F.cross_entropy(logits.detach(), target, ignore_index=pad, reduction="sum") if self.optim_config.label_smoothing else smoothed.detach()
-        return smoothed / tokens.clamp(min=1), nll, tokens
+        loss = F.cross_entropy(logits, target, ignore_index=pad, label_smoothing=label_smoothing, reduction="sum")
+        return loss, target.ne(pad).sum()
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, _, tokens = self._losses(batch)
+        loss_sum, tokens = self._loss_sum(batch, self.optim_config.label_smoothing)
+        loss = loss_sum / tokens.clamp(min=1)  # per target token
         self.log("train/loss", loss, prog_bar=True, batch_size=int(tokens))
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        _, nll, tokens = self._losses(batch)
+        nll, tokens = self._loss_sum(batch, 0.0)  # unsmoothed, so that val/ppl is a perplexity
         self._val_nll += nll.item()
         self._val_tokens += int(tokens)
 
@@ -85,8 +84,9 @@ class TranslationModule(pl.LightningModule):
 
     def configure_optimizers(self):
         cfg = self.optim_config
-        decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "positions" not in n]
-        no_decay = [p for n, p in self.named_parameters() if not (p.dim() >= 2 and "positions" not in n)]
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            (decay if p.dim() >= 2 and "positions" not in name else no_decay).append(p)
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
