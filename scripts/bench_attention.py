@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.model.attention import MultiHeadAttention, explicit_is_faster
@@ -39,7 +38,9 @@ class NaiveAttention(nn.Module):
 
     def forward(self, x, allowed):  # allowed: (B|1, 1, T, T) or (B, 1, 1, T), True = may attend
         B, T, d = x.shape
-        q, k, v = (proj(x).view(B, T, self.h, self.hs).transpose(1, 2) for proj in (self.q, self.k, self.v))  # (B, nh, T, hs)
+        q, k, v = (
+            proj(x).view(B, T, self.h, self.hs).transpose(1, 2) for proj in (self.q, self.k, self.v)
+        )  # (B, nh, T, hs)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.hs)  # (B, nh, T, T)
         probs = F.softmax(scores.masked_fill(~allowed, -1e9), dim=-1)
         return self.out((probs @ v).transpose(1, 2).reshape(B, T, d))  # (B, T, d)
@@ -53,7 +54,11 @@ def make_calls(shape: dict, masking: str):
     lengths[0] = T
     padding = torch.arange(T)[None, :] >= lengths[:, None]  # (B, T), True = padding
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)  # True = may not attend
-    ours, torch_mha, naive = MultiHeadAttention(d, h), nn.MultiheadAttention(d, h, batch_first=True), NaiveAttention(d, h)
+    ours, torch_mha, naive = (
+        MultiHeadAttention(d, h),
+        nn.MultiheadAttention(d, h, batch_first=True),
+        NaiveAttention(d, h),
+    )
     if masking == "padding":
         return x, {
             "ours": lambda x: ours(x, x, x, key_padding_mask=padding)[0],
@@ -114,13 +119,18 @@ def kernel_table(reps: int) -> list[str]:
             t = time_calls(torch.zeros(1), calls, "fp32", reps, 1)  # dtype set by q, k, v
             chosen = "explicit" if explicit_is_faster("cpu", dtype, True, T) else "SDPA"
             name = "bf16" if dtype == torch.bfloat16 else "fp32"
-            rows.append(f"| {name} | {T} | {B} | {t['explicit'] * 1e3:.1f} | {t['flash'] * 1e3:.1f} | {t['math'] * 1e3:.1f} | {chosen} |")
+            rows.append(
+                f"| {name} | {T} | {B} | {t['explicit'] * 1e3:.1f} | {t['flash'] * 1e3:.1f} | {t['math'] * 1e3:.1f} | {chosen} |"
+            )
             print(rows[-1], flush=True)
     return rows
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor(),
+    )
     return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, Python {platform.python_version()}"
 
 

@@ -1,7 +1,7 @@
 """Put the Multi30k raw files (task 1) into data/multi30k: downloaded, or copied from a folder.
 
-    python scripts/fetch_multi30k.py                  # download from the dataset's public repository
-    python scripts/fetch_multi30k.py --from DIR       # copy {train,val,test_2016_flickr}.{de,en,fr,cs}.gz from DIR
+python scripts/fetch_multi30k.py                  # download from the dataset's public repository
+python scripts/fetch_multi30k.py --from DIR       # copy {train,val,test_2016_flickr}.{de,en,fr,cs}.gz from DIR
 """
 
 import argparse
@@ -23,7 +23,9 @@ def fetch(dest: Path, source: Path | None, url: str) -> None:
         tmp = dest / (name + ".part")
         if source is not None:
             if not (source / name).is_file():
-                raise SystemExit(f"error: {source / name} does not exist; --from needs a folder holding {', '.join(FILES[:2])}, ...")
+                raise SystemExit(
+                    f"error: {source / name} does not exist; --from needs a folder holding {', '.join(FILES[:2])}, ..."
+                )
             shutil.copyfile(source / name, tmp)
         else:
             try:
@@ -41,8 +43,12 @@ def fetch(dest: Path, source: Path | None, url: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--from", dest="source", type=Path, help="copy the files from this folder instead of downloading")
-    parser.add_argument("--to", dest="dest", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "multi30k")
+    parser.add_argument(
+        "--from", dest="source", type=Path, help="copy the files from this folder instead of downloading"
+    )
+    parser.add_argument(
+        "--to", dest="dest", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "multi30k"
+    )
     parser.add_argument("--url", default=URL, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.dest.is_symlink():

@@ -62,7 +62,9 @@ def test_self_attention_matches_torch(masking, average):
     if masking == "float":
         am = torch.randn(7, 7)
     causal = "causal" in masking
-    expected, expected_w = ref(x, x, x, key_padding_mask=kpm, attn_mask=am, is_causal=causal, average_attn_weights=average)
+    expected, expected_w = ref(
+        x, x, x, key_padding_mask=kpm, attn_mask=am, is_causal=causal, average_attn_weights=average
+    )
     for kwargs in ({"attn_mask": am}, {"is_causal": True} if causal else {"attn_mask": am}):
         fast, none = ours(x, x, x, key_padding_mask=kpm, **kwargs)
         slow, w = ours(x, x, x, key_padding_mask=kpm, need_weights=True, average_attn_weights=average, **kwargs)

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from transformer.data import (
-    DataConfig, DataError, TokenBatchSampler, TranslationDataModule, example_lengths, load_corpus, padding_fraction,
+    DataConfig,
+    DataError,
+    TokenBatchSampler,
+    TranslationDataModule,
+    example_lengths,
+    load_corpus,
+    padding_fraction,
     prepare_data,
 )  # fmt: skip
 
@@ -41,7 +47,14 @@ def write_text_corpus(folder: Path, sizes=None, gz=False) -> dict[str, tuple[lis
 
 
 def config(folder: Path, tmp_path: Path, **overrides) -> DataConfig:
-    values = dict(path=str(folder), test_split="test", vocab_size=340, max_length=100, max_tokens=200, cache_dir=str(tmp_path / "cache"))
+    values = dict(
+        path=str(folder),
+        test_split="test",
+        vocab_size=340,
+        max_length=100,
+        max_tokens=200,
+        cache_dir=str(tmp_path / "cache"),
+    )
     return DataConfig(**{**values, **overrides})
 
 
@@ -128,6 +141,17 @@ def test_lines_split_only_on_newline(tmp_path):
 # --- tokenizer and cache ---------------------------------------------------------------------------
 
 
+def test_vocabulary_fingerprint_ignores_where_a_tokenizer_was_trained(tmp_path):
+    from transformer.data.tokenizer import vocabulary_fingerprint
+
+    write_text_corpus(tmp_path / "c")
+    here = prepare_data(config(tmp_path / "c", tmp_path / "a")).src_tokenizer.path.read_bytes()
+    there = prepare_data(config(tmp_path / "c", tmp_path / "b")).src_tokenizer.path.read_bytes()
+    other = prepare_data(config(tmp_path / "c", tmp_path / "a", vocab_size=360)).src_tokenizer.path.read_bytes()
+    assert here != there  # the files record their temporary training path
+    assert vocabulary_fingerprint(here) == vocabulary_fingerprint(there) != vocabulary_fingerprint(other)
+
+
 def test_cache_is_reused_and_invalidated(tmp_path, caplog):
     folder = tmp_path / "c"
     write_text_corpus(folder)
@@ -185,7 +209,7 @@ def test_byte_fallback_encodes_unseen_characters(tmp_path):
 @pytest.fixture(scope="module")
 def multi30k(tmp_path_factory):
     if not (MULTI30K / "train.de.gz").exists():
-        pytest.fail(f"{MULTI30K} is missing; link it: ln -s \"$PWD/../shared/data/multi30k\" data/multi30k")
+        pytest.fail(f'{MULTI30K} is missing; link it: ln -s "$PWD/../shared/data/multi30k" data/multi30k')
     cfg = DataConfig(cache_dir=str(tmp_path_factory.mktemp("cache")), path=str(MULTI30K))
     return cfg, prepare_data(cfg)
 
@@ -196,7 +220,11 @@ def test_multi30k_detokenization_is_exact_for_ordinary_text(multi30k):
     checked = 0
     for split in ("val", "test_2016_flickr"):
         for column in ("src", "tgt"):
-            texts = [s for s in prepared.splits[split][column] if s == " ".join(s.split()) and unicodedata.normalize("NFKC", s) == s]
+            texts = [
+                s
+                for s in prepared.splits[split][column]
+                if s == " ".join(s.split()) and unicodedata.normalize("NFKC", s) == s
+            ]
             ids = tok.encode(texts)
             assert tok.decode(ids) == texts
             checked += len(texts)
@@ -254,7 +282,10 @@ def test_token_batches_fit_cover_everything_and_reproduce():
         flat = sorted(i for b in batches for i in b)
         assert flat == list(range(len(lengths)))  # every example exactly once
         assert batches == [b.tolist() for b in TokenBatchSampler(lengths, 300, seed=3).all_batches(epoch)]
-    e0, e1 = TokenBatchSampler(lengths, 300, seed=3).all_batches(0), TokenBatchSampler(lengths, 300, seed=3).all_batches(1)
+    e0, e1 = (
+        TokenBatchSampler(lengths, 300, seed=3).all_batches(0),
+        TokenBatchSampler(lengths, 300, seed=3).all_batches(1),
+    )
     assert [b.tolist() for b in e0] != [b.tolist() for b in e1]
     assert [b.tolist() for b in e0] != [b.tolist() for b in TokenBatchSampler(lengths, 300, seed=4).all_batches(0)]
 
@@ -324,7 +355,9 @@ def test_datamodule_batches_and_map_back_to_input_order(tmp_path):
 def test_bad_input_gives_one_clear_error(tmp_path):
     folder = tmp_path / "c"
     write_text_corpus(folder)
-    with pytest.raises(DataError, match=r"data folder .*nowhere does not exist; fetch the corpus there or set data.path"):
+    with pytest.raises(
+        DataError, match=r"data folder .*nowhere does not exist; fetch the corpus there or set data.path"
+    ):
         load_corpus(config(tmp_path / "nowhere", tmp_path))
     with pytest.raises(DataError, match=r"language 'fr' is not in the corpus \(found de, en\)"):
         load_corpus(config(folder, tmp_path, tgt="fr"))

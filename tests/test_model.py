@@ -84,7 +84,9 @@ def test_sinusoidal_positions_follow_the_paper():
     d = pe.size(1)
     pos, i = 7, 3
     assert pe[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(pos / 10000 ** (2 * i / d))).item(), abs=1e-6)
-    assert pe[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(pos / 10000 ** (2 * i / d))).item(), abs=1e-6)
+    assert pe[pos, 2 * i + 1].item() == pytest.approx(
+        torch.cos(torch.tensor(pos / 10000 ** (2 * i / d))).item(), abs=1e-6
+    )
     assert "src_embed.positions" not in model.state_dict()  # rebuilt from the config, not saved
 
 
@@ -159,3 +161,17 @@ def test_tiny_model_overfits_a_few_sentence_pairs(overrides):
         opt.step()
     assert first > 2.0
     assert loss.item() < 0.05
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=50, tgt_vocab_size=50, pad_id=0, dropout=0.0)
+    plain = build_model(cfg)
+    checkpointed = build_model(ModelConfig(**{**vars(cfg), "activation_checkpointing": True}))
+    checkpointed.load_state_dict(plain.state_dict())
+    src, tgt = torch.randint(1, 50, (3, 7)), torch.randint(1, 50, (3, 5))
+    for model in (plain, checkpointed):
+        model(src, tgt).square().mean().backward()
+    for (name, p), q in zip(plain.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    assert checkpointed.encoder.checkpointed and checkpointed.decoder.checkpointed

@@ -1,3 +1,6 @@
+import os
+import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -5,15 +8,69 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.data import TranslationDataModule
+from transformer.train import model_config, train
 from transformer.training import OptimConfig, TranslationModule
 from transformer.training.module import lr_factor
-from transformer.train import model_config
 
-from .test_data import config, write_text_corpus
+from .test_data import MULTI30K, WORDS_DE, WORDS_EN, config, write_text_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_data(corpus: Path, cache: Path) -> list[str]:
+    return [f"data.path={corpus}", f"data.cache_dir={cache}", "data.vocab_size=340", "data.test_split=test",
+            "data.max_length=100", "data.max_tokens=300"]  # fmt: skip
+
+
+def compose_train(run_dir: Path, overrides: list[str]):
+    """The real config with overrides, as `python -m transformer.train` composes it, for running train() here."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, f"hydra.run.dir={run_dir}"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def run_train(run_dir: Path, overrides: list[str]) -> pl.Trainer:
+    return train(compose_train(run_dir, overrides), run_dir)
+
+
+def callback(trainer: pl.Trainer, cls):
+    return next(c for c in trainer.callbacks if isinstance(c, cls))
+
+
+class LossRecorder(pl.Callback):
+    def __init__(self):
+        self.losses, self.batches = {}, {}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.losses[trainer.global_step] = outputs["loss"].item()
+        self.batches[trainer.global_step] = batch["index"].tolist()
+
+
+class SignalAt(pl.Callback):
+    """Sends this process a real signal at the start of a given optimizer step."""
+
+    def __init__(self, step: int, signum: int = int(signal.SIGTERM)):
+        self.step, self.signum = step, signum
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+RECORD = ["+callbacks.recorder._target_=tests.test_train.LossRecorder"]
+
+
+# --- the module -----------------------------------------------------------------------------------
 
 
 def test_lr_schedules():
@@ -41,23 +98,124 @@ def test_training_lowers_validation_loss_and_checkpoint_loads_alone(tmp_path):
 
     path = tmp_path / "model.ckpt"
     trainer.save_checkpoint(path)
-    loaded = TranslationModule.load_from_checkpoint(path).eval()
+    loaded = TranslationModule.load_from_checkpoint(path, weights_only=True).eval()
     module.eval()
     batch = next(iter(data.val_dataloader()))
     with torch.no_grad():
         torch.testing.assert_close(loaded(batch["src"], batch["tgt_in"]), module(batch["src"], batch["tgt_in"]))
+    assert torch.load(path, weights_only=True)["tokenizers"]["src"] == data.data.src_tokenizer.path.read_bytes()
+
+
+def write_word_for_word_corpus(folder: Path, n: int) -> None:
+    """Sentences whose English is the German word for word: learnable, so a model can reach BLEU 100."""
+    rng = random.Random(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    de = [[rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(3, 8))] for _ in range(n)]
+    for lang, words in (("de", WORDS_DE), ("en", WORDS_EN)):
+        text = "".join(" ".join(words[i] for i in s).capitalize() + ".\n" for s in de)
+        for split in ("train", "val", "test"):
+            (folder / f"{split}.{lang}").write_text(text)
+
+
+def test_tiny_model_overfits_its_training_pairs_to_bleu_above_90(tmp_path):
+    write_word_for_word_corpus(tmp_path / "c", 48)
+    trainer = run_train(tmp_path / "run", [
+        *tiny_data(tmp_path / "c", tmp_path / "cache"), "data.vocab_size=320", "data.valid_split=train",
+        "model=tiny", "model.d_model=64", "model.d_ff=128", "model.dropout=0.0", "optim.lr=3e-3",
+        "optim.warmup_steps=20", "optim.label_smoothing=0.0", "trainer.precision=32", "trainer.max_epochs=60",
+        "trainer.check_val_every_n_epoch=20", "trainer.enable_progress_bar=false", "~logger",
+    ])  # fmt: skip
+    assert trainer.callback_metrics["val/bleu"].item() > 90
+
+
+# --- one run, interrupted by SIGTERM and resumed, against the same run uninterrupted ---------------
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A: 30 steps (2+ epochs, validation every 5 batches, dropout on) uninterrupted. B: the same run,
+    SIGTERM at step 17, then `ckpt_path=last` into the same folder."""
+    tmp = tmp_path_factory.mktemp("runs")
+    write_text_corpus(tmp / "c")
+    common = [*tiny_data(tmp / "c", tmp / "cache"), *RECORD, "model=tiny", "trainer.precision=32",
+              "trainer.max_steps=30", "trainer.val_check_interval=5", "trainer.log_every_n_steps=1",
+              "trainer.enable_progress_bar=false", "optim.warmup_steps=10"]  # fmt: skip
+    a = run_train(tmp / "a", common)
+    with pytest.raises(SystemExit) as stopped:
+        run_train(tmp / "b", [*common, "+callbacks.signal_at._target_=tests.test_train.SignalAt",
+                              "+callbacks.signal_at.step=17"])  # fmt: skip
+    b = run_train(tmp / "b", [*common, "ckpt_path=last"])
+    return tmp, a, b, stopped.value.code
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_with_its_code(runs):
+    tmp, a, b, code = runs
+    assert code == 128 + signal.SIGTERM
+    assert b.global_step == 30
+
+
+def test_resumed_run_continues_exactly(runs):
+    tmp, a, b, code = runs
+    a_losses, b_losses = callback(a, LossRecorder).losses, callback(b, LossRecorder).losses
+    assert sorted(b_losses) == list(range(19, 31))  # stopped after step 18 (1-based): steps 19..30 remain
+    for step in b_losses:
+        assert callback(b, LossRecorder).batches[step] == callback(a, LossRecorder).batches[step], step
+    for step, loss in b_losses.items():
+        assert loss == pytest.approx(a_losses[step], rel=1e-6, abs=1e-7), step
+    for (name, p), q in zip(a.lightning_module.named_parameters(), b.lightning_module.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def scalars(run_dir: Path) -> EventAccumulator:
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+def test_resumed_run_continues_the_same_tensorboard_curves(runs):
+    tmp, a, b, code = runs
+    steps = [e.step for e in scalars(tmp / "b").Scalars("train/loss")]
+    assert steps == [e.step for e in scalars(tmp / "a").Scalars("train/loss")]  # one curve, no second from 0
+    assert len(list((tmp / "b" / "tensorboard").glob("events.out.tfevents.*"))) == 2
+
+
+def test_tensorboard_holds_scalars_text_and_attention_images(runs):
+    tmp, a, b, code = runs
+    events = scalars(tmp / "a")
+    tags = events.Tags()
+    for tag in ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/padding",
+                "val/loss", "val/ppl", "val/bleu", "val/chrf"]:  # fmt: skip
+        assert tag in tags["scalars"], tag
+    assert len(events.Scalars("val/bleu")) == len(events.Scalars("val/loss")) == 4  # every 5 batches of 13
+    text = events.Tensors("val/translations/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert text.count("**hypothesis:**") == 3 and "nrefs:1|case:mixed" in text  # with sacreBLEU's signature
+    for kind in ("cross", "decoder_self"):
+        for layer in range(2):
+            image = events.Images(f"attention/{kind}/layer{layer}")[-1]
+            assert image.width > image.height > 0
+
+
+def test_checkpoints_keep_last_and_best_by_bleu(runs):
+    tmp, a, b, code = runs
+    files = sorted(p.name for p in (tmp / "a" / "checkpoints").iterdir())
+    assert "last.ckpt" in files and not [f for f in files if f.endswith(".tmp")]
+    best = [f for f in files if f != "last.ckpt"]
+    assert 1 <= len(best) <= 3 and all("-bleu" in f for f in best)
+    assert torch.load(tmp / "a" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 30
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+
+def run_command(*args: str, module: str = "transformer.train") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_train_command_writes_its_run_folder(tmp_path):
     write_text_corpus(tmp_path / "c")
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "transformer.train", "debug=fast", f"hydra.run.dir={run_dir}",
-         f"data.path={tmp_path / 'c'}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=340",
-         "data.test_split=test", "data.max_length=100", "data.max_tokens=300",
-         "trainer.fast_dev_run=false", "trainer.max_steps=2", "trainer.limit_val_batches=1"],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
+    result = run_command("debug=fast", f"hydra.run.dir={run_dir}", *tiny_data(tmp_path / "c", tmp_path / "cache"),
+                         "trainer.fast_dev_run=false", "trainer.max_steps=2", "trainer.limit_val_batches=1")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / ".hydra" / "config.yaml").exists()
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
@@ -65,13 +223,98 @@ def test_train_command_writes_its_run_folder(tmp_path):
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_bad_model_override_is_one_line(tmp_path):
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml")))
+def test_every_experiment_runs_one_batch(experiment, tmp_path):
+    if not MULTI30K.exists():
+        pytest.skip("Multi30k is not linked into data/ (see data/README.md)")
+    trainer = run_train(tmp_path / "run", [f"experiment={experiment}", "trainer.fast_dev_run=true",
+                                           f"data.cache_dir={tmp_path / 'cache'}", "trainer.enable_progress_bar=false"])  # fmt: skip
+    assert trainer.global_step == 1 and torch.isfinite(trainer.callback_metrics["val/loss"])
+
+
+def test_bf16_mixed_precision_on_cpu(tmp_path):
     write_text_corpus(tmp_path / "c")
-    result = subprocess.run(
-        [sys.executable, "-m", "transformer.train", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}",
-         f"data.path={tmp_path / 'c'}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=340",
-         "data.test_split=test", "data.max_length=100", "data.max_tokens=300", "model.d_model=250", "model.n_heads=8"],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == "error: d_model=250 is not divisible by n_heads=8; change one of them"
+    cfg = compose_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), *RECORD, "model=tiny",
+                                           "trainer.precision=bf16-mixed", "trainer.max_steps=20", "~logger",
+                                           "trainer.enable_progress_bar=false", "optim.lr=3e-3"])  # fmt: skip
+    with open_dict(cfg):
+        cfg.callbacks.dtype = {"_target_": f"{__name__}.BF16Probe"}
+    trainer = train(cfg, tmp_path / "run")
+    assert callback(trainer, BF16Probe).dtypes == {torch.bfloat16}
+    losses = list(callback(trainer, LossRecorder).losses.values())
+    assert all(map(lambda x: x == x, losses)) and sum(losses[-5:]) < sum(losses[:5])
+    assert all(p.dtype == torch.float32 for p in trainer.lightning_module.parameters())  # fp32 master weights
+
+
+class BF16Probe(pl.Callback):
+    """Records the dtype of the model's logits during training."""
+
+    def on_train_start(self, trainer, module):
+        self.dtypes = set()
+        module.model.output.register_forward_hook(lambda m, i, out: self.dtypes.add(out.dtype) if m.training else None)
+
+
+def test_ddp_with_two_cpu_processes(tmp_path):
+    write_text_corpus(tmp_path / "c")
+    run_dir = tmp_path / "run"
+    result = run_command("trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "model=tiny",
+                         "trainer.precision=32", "trainer.max_steps=4", "trainer.val_check_interval=2",
+                         f"hydra.run.dir={run_dir}", *tiny_data(tmp_path / "c", tmp_path / "cache"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MEMBER: 2/2" in result.stderr + result.stdout
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 4
+
+
+def test_multirun_writes_one_folder_per_job(tmp_path):
+    write_text_corpus(tmp_path / "c")
+    result = run_command("-m", "debug=fast", "optim.lr=5e-4,1e-3", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                         *tiny_data(tmp_path / "c", tmp_path / "cache"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    overrides = [(tmp_path / "sweep" / job / ".hydra" / "overrides.yaml").read_text() for job in ("0", "1")]
+    assert "- optim.lr=0.0005\n" in overrides[0] and "- optim.lr=0.001\n" in overrides[1]
+
+
+# --- bad input: one line, before training ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint_file(runs):
+    return runs[0] / "a" / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.foo=1"], "error: Could not override 'trainer.foo'. To append to your config use +trainer.foo=1"),
+        (["trainer.max_epochs=abc"], "error: trainer.max_epochs='abc' must be one of: int, null"),
+        (["model.d_model=250", "model.n_heads=8"], "error: d_model=250 is not divisible by n_heads=8; change one of them"),
+        (["ckpt_path=/nonexistent/last.ckpt"], "error: ckpt_path=/nonexistent/last.ckpt: no such file"),
+        (["ckpt_path=TRUNCATED"], "error: ckpt_path=TRUNCATED cannot be loaded ("),
+        (["ckpt_path=CHECKPOINT", "data.vocab_size=360"], "error: ckpt_path=CHECKPOINT was trained with another src vocabulary"),
+        (["ckpt_path=CHECKPOINT", "model=small"], "error: ckpt_path=CHECKPOINT has model model.d_model=32, this run has 256"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_before_training(overrides, message, checkpoint_file, tmp_path):
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(checkpoint_file.read_bytes()[:5000])
+    swap = {"TRUNCATED": str(truncated), "CHECKPOINT": str(checkpoint_file)}
+    for key, value in swap.items():
+        overrides = [o.replace(key, value) for o in overrides]
+        message = message.replace(key, value)
+    corpus = checkpoint_file.parents[2] / "c"
+    result = run_command("model=tiny", f"hydra.run.dir={tmp_path / 'run'}",
+                         *tiny_data(corpus, tmp_path / "cache"), *overrides)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(message)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow  # inductor compiles C++ kernels: about 40 s on 2 cores
+def test_compiled_model_trains_and_saves_plain_parameter_names(tmp_path):
+    write_text_corpus(tmp_path / "c")
+    trainer = run_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny", "compile=true",
+                                           "trainer.max_steps=3", "trainer.limit_val_batches=1", "trainer.precision=32"])  # fmt: skip
+    assert trainer.global_step == 3
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert state.keys() == TranslationModule(**trainer.lightning_module.hparams).state_dict().keys()

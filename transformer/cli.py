@@ -1,9 +1,15 @@
 """What every command-line entry point shares: bad input ends in one line, not a traceback."""
 
 import functools
+import inspect
 import sys
+import types
+import typing
+from pathlib import Path
 
 from .data.sources import DataError
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def one_line_errors(main):
@@ -18,3 +24,63 @@ def one_line_errors(main):
             sys.exit(2)
 
     return wrapper
+
+
+def check_overrides(config_name: str, argv: list[str]) -> None:
+    """Compose the config once with the command line's overrides, so that an unknown key or group option
+    fails in one line (Hydra's own report spans several). Flags (-m, --cfg, ...) are left to Hydra."""
+    if any(arg.startswith("-") for arg in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            compose(config_name, overrides=argv)
+    except (HydraException, OmegaConfBaseException) as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        print(f"error: {' '.join(lines)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _accepts(annotation) -> list | None:
+    """What an annotation admits: plain types and literal values, or None when this check cannot judge."""
+    if annotation in (int, float, bool, str, type(None)):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_accepts(a) for a in typing.get_args(annotation)]
+        return None if any(p is None for p in parts) else [t for p in parts for t in p]
+    if origin is typing.Literal:
+        return [repr(a) for a in typing.get_args(annotation)]  # literal values, kept as their repr
+    return None
+
+
+def _matches(value, accepted: list) -> bool:
+    for a in accepted:
+        if isinstance(a, str):
+            if repr(value) == a:
+                return True
+        elif a is type(None):
+            if value is None:
+                return True
+        elif a is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return True
+        elif isinstance(value, a) and not (a is int and isinstance(value, bool)):
+            return True
+    return False
+
+
+def check_trainer_args(args: dict, trainer_class) -> None:
+    """Unknown Trainer arguments and plainly wrong values (trainer.max_epochs=abc) in one line each."""
+    params = inspect.signature(trainer_class.__init__).parameters
+    hints = typing.get_type_hints(trainer_class.__init__)
+    for name, value in args.items():
+        if name not in params:
+            raise ValueError(f"trainer.{name} is not an argument of Lightning's Trainer; check the spelling")
+        accepted = _accepts(hints.get(name))
+        if accepted is not None and not _matches(value, accepted):
+            names = ", ".join(dict.fromkeys("null" if a is type(None) else a if isinstance(a, str) else a.__name__
+                                            for a in accepted))  # fmt: skip
+            raise ValueError(f"trainer.{name}={value!r} must be one of: {names}")

@@ -16,7 +16,9 @@ def check_field_types(config, prefix: str) -> None:
         if float in allowed and isinstance(value, int) and not isinstance(value, bool):
             object.__setattr__(config, f.name, float(value))
             continue
-        ok = any(isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in allowed if t is not type(None))
+        ok = any(
+            isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in allowed if t is not type(None)
+        )
         if not ok:
             names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
             raise ValueError(f"{prefix}.{f.name}={value!r} must be {names}")

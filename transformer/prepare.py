@@ -16,8 +16,7 @@ log = logging.getLogger(__name__)
 def report(prepared: PreparedData, cfg: DataConfig) -> str:
     """A table: pairs per split, kept and dropped, lengths, batches per epoch, padding fraction."""
     rows = [
-        f"corpus {cfg.path} ({cfg.src}->{cfg.tgt}), cache {prepared.folder}"
-        + (" (reused)" if prepared.reused else ""),
+        f"corpus {cfg.path} ({cfg.src}->{cfg.tgt}), cache {prepared.folder}" + (" (reused)" if prepared.reused else ""),
         f"vocabulary: {prepared.src_tokenizer.vocab_size} ({'joint' if cfg.joint_vocab else 'source'})"
         + ("" if cfg.joint_vocab else f", {prepared.tgt_tokenizer.vocab_size} (target)")
         + f", {cfg.tokenizer_type}; pad/unk/bos/eos = {prepared.src_tokenizer.pad_id}/{prepared.src_tokenizer.unk_id}"
@@ -29,7 +28,9 @@ def report(prepared: PreparedData, cfg: DataConfig) -> str:
     train_batches = 1
     for split, s in prepared.stats.items():
         lengths = example_lengths(prepared.splits[split])
-        batches = TokenBatchSampler(lengths, cfg.max_tokens, shuffle=split == cfg.train_split, seed=cfg.seed).all_batches(0)
+        batches = TokenBatchSampler(
+            lengths, cfg.max_tokens, shuffle=split == cfg.train_split, seed=cfg.seed
+        ).all_batches(0)
         if split == cfg.train_split:
             train_batches = len(batches)
         d = s["dropped"]

@@ -1,6 +1,8 @@
 """python -m transformer.train [experiment=...] [key=value ...]: train a model, every knob a Hydra override."""
 
 import shutil
+import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -8,10 +10,17 @@ import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import one_line_errors
+from .cli import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .model import ModelConfig
-from .training import OptimConfig, TranslationModule
+from .training import OptimConfig, TranslationModule, ValidationConfig
+from .training.checkpoint import AtomicCheckpointIO
+from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path, run_dir_for
+
+# hydra.run.dir: a resumed run continues in its checkpoint's run folder
+OmegaConf.register_new_resolver("run_dir_for", run_dir_for, replace=True)
+# The data module restores the batch sampler's position itself, which Lightning cannot see.
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 
 def model_config(model: dict, data: TranslationDataModule) -> ModelConfig:
@@ -25,24 +34,37 @@ def model_config(model: dict, data: TranslationDataModule) -> ModelConfig:
 
 
 def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
-    pl.seed_everything(cfg.seed, workers=True)
+    """Everything before trainer.fit is checked first, so that bad input fails before any training."""
     plain = OmegaConf.to_container(cfg, resolve=True)
+    check_trainer_args(plain["trainer"], pl.Trainer)
+    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
+    pl.seed_everything(cfg.seed, workers=True)
     data = TranslationDataModule(DataConfig.from_dict(plain["data"]))
     data.setup()
+    model = model_config(plain["model"], data)
     module = TranslationModule(
-        **TranslationModule.hyperparameters(model_config(plain["model"], data), OptimConfig(**plain["optim"]))
+        **TranslationModule.hyperparameters(
+            model, OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"])
+        )
     )
-    tokenizers = run_dir / "tokenizer"
-    tokenizers.mkdir(parents=True, exist_ok=True)
-    for tok in {data.data.src_tokenizer.path, data.data.tgt_tokenizer.path}:
-        shutil.copy2(tok, tokenizers / tok.name)  # the run folder holds the tokenizer it was trained with
+    src_tok, tgt_tok = data.data.src_tokenizer, data.data.tgt_tokenizer
+    if ckpt_path:
+        tokenizers = {"src": src_tok.path.read_bytes(), "tgt": tgt_tok.path.read_bytes()}
+        check_resumable(load_checkpoint(ckpt_path), ckpt_path, model, tokenizers)
+    if cfg.compile:
+        module.model.compile()  # in place: parameter names, and so checkpoints, stay those of the plain model
+    tokenizer_dir = run_dir / "tokenizer"
+    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    for tok in {src_tok.path, tgt_tok.path}:
+        shutil.copy2(tok, tokenizer_dir / tok.name)  # the run folder holds the tokenizer it was trained with
     trainer = pl.Trainer(
         **plain["trainer"],
         default_root_dir=str(run_dir),
-        callbacks=[hydra.utils.instantiate(c) for c in cfg.callbacks.values()],
-        logger=[hydra.utils.instantiate(c) for c in cfg.logger.values()],
+        callbacks=[hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()],
+        logger=[hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values()],  # ~logger: none
+        plugins=[AtomicCheckpointIO()],
     )
-    trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer
 
 
@@ -53,4 +75,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_overrides("train", sys.argv[1:])
     main()

@@ -28,7 +28,8 @@ class TokenBatchSampler:
             raise ValueError(f"rank={rank} is outside num_replicas={num_replicas}")
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
-        self.epoch, self.position = 0, 0
+        self.epoch, self.position = 0, 0  # position: batches of this epoch handed out
+        self._resume_at = 0  # where the next pass starts: 0, or a restored position
         self._cache: tuple[int, list[np.ndarray]] | None = None
 
     def all_batches(self, epoch: int) -> list[np.ndarray]:
@@ -53,7 +54,8 @@ class TokenBatchSampler:
         """This rank's batches of `epoch`."""
         if self._cache is None or self._cache[0] != epoch:
             every = self.all_batches(epoch)
-            usable = len(every) // self.num_replicas * self.num_replicas if self.num_replicas > 1 else len(every)
+            # training ranks need equal batch counts (gradients are synchronised every step); evaluation keeps all
+            usable = len(every) // self.num_replicas * self.num_replicas if self.shuffle else len(every)
             self._cache = (epoch, every[self.rank : usable : self.num_replicas])
         return self._cache[1]
 
@@ -64,25 +66,30 @@ class TokenBatchSampler:
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
+            self.epoch, self.position, self._resume_at = epoch, 0, 0
 
     def __len__(self) -> int:
         return len(self.batches(self.epoch))
 
     def __iter__(self):
+        """A pass over the epoch's batches: from the start, or from a restored position once. A pass
+        abandoned early (validation's sanity check) does not shift the next one."""
         batches = self.batches(self.epoch)
+        self.position, self._resume_at = self._resume_at, 0
         while self.position < len(batches):
             self.position += 1
             yield batches[self.position - 1].tolist()
-        self.position = 0  # a finished epoch; the next one starts at its beginning
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
         if state["seed"] != self.seed:
-            raise ValueError(f"sampler state has seed {state['seed']}, this run seed {self.seed}; resume with data.seed={state['seed']}")
+            raise ValueError(
+                f"sampler state has seed {state['seed']}, this run seed {self.seed}; resume with data.seed={state['seed']}"
+            )
         self.epoch, self.position = state["epoch"], state["position"]
+        self._resume_at = self.position
 
 
 def example_lengths(ds: Dataset) -> np.ndarray:

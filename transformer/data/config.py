@@ -32,7 +32,10 @@ class DataConfig:
 
     def __post_init__(self):
         check_field_types(self, "data")
-        for name, value, choices in (("format", self.format, FORMATS), ("tokenizer_type", self.tokenizer_type, TOKENIZER_TYPES)):
+        for name, value, choices in (
+            ("format", self.format, FORMATS),
+            ("tokenizer_type", self.tokenizer_type, TOKENIZER_TYPES),
+        ):
             if value not in choices:
                 raise ValueError(f"data.{name}={value!r} is not one of {', '.join(choices)}")
         if self.src == self.tgt:

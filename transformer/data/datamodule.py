@@ -1,6 +1,7 @@
 """The LightningDataModule: prepared (cached) splits, token-bucketed loaders, a resumable train sampler."""
 
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader
 
 from .batching import Collate, TokenBatchSampler, TokenDataset, example_lengths
@@ -44,12 +45,18 @@ class TranslationDataModule(pl.LightningDataModule):
         return DataLoader(
             TokenDataset(ds), batch_sampler=sampler, collate_fn=Collate(tok.pad_id, tok.bos_id, tok.eos_id),
             num_workers=self.cfg.num_workers,
+            # its own generator: starting an iteration otherwise draws from the global RNG, which dropout
+            # uses, and a resumed run would then see different dropout masks than an uninterrupted one
+            generator=torch.Generator().manual_seed(self.cfg.seed),
         )  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
         loader = self._loader(self.cfg.train_split, True, *self._ranks())
         self.train_sampler = loader.batch_sampler
         self._restore_sampler()
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:  # on resume Lightning sets the epoch only after loader workers have started
+            self.train_sampler.set_epoch(trainer.fit_loop.epoch_progress.current.processed)
         return loader
 
     def _restore_sampler(self) -> None:
@@ -59,7 +66,7 @@ class TranslationDataModule(pl.LightningDataModule):
             self._sampler_state = None
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.cfg.valid_split, False)
+        return self._loader(self.cfg.valid_split, False, *self._ranks())  # each rank validates its share
 
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.cfg.test_split, False)
@@ -69,7 +76,14 @@ class TranslationDataModule(pl.LightningDataModule):
         return self._loader(split, False)
 
     def state_dict(self) -> dict:
-        return {"train_sampler": self.train_sampler.state_dict()} if self.train_sampler is not None else {}
+        if self.train_sampler is None:
+            return {}
+        state = self.train_sampler.state_dict()
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.state.fn == "fit":
+            # batches trained on this epoch; the sampler may have handed out more (loader workers fetch ahead)
+            state["position"] = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"train_sampler": state}
 
     def load_state_dict(self, state: dict) -> None:
         self._sampler_state = state.get("train_sampler")

@@ -40,7 +40,9 @@ def _key(*parts) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
 
 
-def _tokenizers(cfg: DataConfig, corpus: datasets.DatasetDict, folder: Path) -> tuple[SentencePiece, SentencePiece, bool]:
+def _tokenizers(
+    cfg: DataConfig, corpus: datasets.DatasetDict, folder: Path
+) -> tuple[SentencePiece, SentencePiece, bool]:
     train = corpus[cfg.train_split]
     if cfg.joint_vocab:
         path = folder / "spm.model"
@@ -57,7 +59,9 @@ def _tokenizers(cfg: DataConfig, corpus: datasets.DatasetDict, folder: Path) -> 
             models.append(SentencePiece(path))
         else:
             log.info("training a %s sentencepiece model of %d pieces for %s", cfg.tokenizer_type, cfg.vocab_size, lang)
-            models.append(train_sentencepiece(train[column], folder / f"spm.{lang}", cfg.vocab_size, cfg.tokenizer_type))
+            models.append(
+                train_sentencepiece(train[column], folder / f"spm.{lang}", cfg.vocab_size, cfg.tokenizer_type)
+            )
             reused = False
     return models[0], models[1], reused
 
@@ -108,12 +112,19 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     encoded, stats = {}, {}
     for split, ds in corpus.items():
         big = len(ds) > 500_000  # worker processes pay for themselves only on large corpora
-        ds = ds.map(encode, batched=True, batch_size=10_000, features=features, num_proc=os.cpu_count() if big else None)
+        ds = ds.map(
+            encode, batched=True, batch_size=10_000, features=features, num_proc=os.cpu_count() if big else None
+        )
         dropped = dict.fromkeys(DROP_REASONS, 0)
         if split == cfg.train_split:  # validation and test are never cleaned
             ds, dropped = _clean(ds, cfg)
         encoded[split] = ds
-        stats[split] = {"pairs": len(ds) + sum(dropped.values()), "kept": len(ds), "dropped": dropped, **_length_stats(ds)}
+        stats[split] = {
+            "pairs": len(ds) + sum(dropped.values()),
+            "kept": len(ds),
+            "dropped": dropped,
+            **_length_stats(ds),
+        }
         if sum(dropped.values()):
             log.info("%s: dropped %s", split, ", ".join(f"{n} {reason}" for reason, n in dropped.items()))
 

@@ -39,7 +39,9 @@ def _languages(folder: Path, split: str) -> list[str]:
 
 
 def _text_corpus(cfg: DataConfig, folder: Path) -> tuple[dict[str, datasets.Dataset], list[Path]]:
-    splits = sorted({p.name.split(".")[0] for p in folder.iterdir() if _text_file(folder, p.name.split(".")[0], cfg.src)})
+    splits = sorted(
+        {p.name.split(".")[0] for p in folder.iterdir() if _text_file(folder, p.name.split(".")[0], cfg.src)}
+    )
     if cfg.train_split not in splits:
         found = _languages(folder, cfg.train_split)
         raise DataError(
@@ -58,7 +60,9 @@ def _text_corpus(cfg: DataConfig, folder: Path) -> tuple[dict[str, datasets.Data
             continue
         src, tgt = read_lines(src_file), read_lines(tgt_file)
         if len(src) != len(tgt):
-            raise DataError(f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}; the two sides must align line by line")
+            raise DataError(
+                f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}; the two sides must align line by line"
+            )
         corpus[split] = datasets.Dataset.from_dict({"src": src, "tgt": tgt})
         files += [src_file, tgt_file]
     return corpus, files
@@ -68,12 +72,15 @@ def _pairs(ds: datasets.Dataset, cfg: DataConfig, where: str) -> datasets.Datase
     """Rows of a table as (src, tgt): a translation column keyed by language, or two text columns."""
     cols = ds.column_names
     if cfg.src_column is None and "translation" in cols:
+
         def split_translation(batch):
             rows = batch["translation"]
             try:
                 return {"src": [r[cfg.src] for r in rows], "tgt": [r[cfg.tgt] for r in rows]}
             except KeyError as e:
-                raise DataError(f"{where}: language {e.args[0]!r} is not in its translation column (found {', '.join(rows[0])}); set data.src/data.tgt") from None
+                raise DataError(
+                    f"{where}: language {e.args[0]!r} is not in its translation column (found {', '.join(rows[0])}); set data.src/data.tgt"
+                ) from None
 
         return ds.map(split_translation, batched=True, remove_columns=cols)
     src_col, tgt_col = cfg.src_column or cfg.src, cfg.tgt_column or cfg.tgt
@@ -90,10 +97,14 @@ def _pairs(ds: datasets.Dataset, cfg: DataConfig, where: str) -> datasets.Datase
 def _table_corpus(cfg: DataConfig, folder: Path) -> tuple[dict[str, datasets.Dataset], list[Path]]:
     files = {p.name.split(".")[0]: p for ext in EXTENSIONS[cfg.format] for p in sorted(folder.glob(f"*{ext}"))}
     if cfg.train_split not in files:
-        raise DataError(f"no {cfg.train_split}{EXTENSIONS[cfg.format][0]} in {folder}; name the files {{split}}{EXTENSIONS[cfg.format][0]}")
+        raise DataError(
+            f"no {cfg.train_split}{EXTENSIONS[cfg.format][0]} in {folder}; name the files {{split}}{EXTENSIONS[cfg.format][0]}"
+        )
     corpus = {}
     for split, path in files.items():
-        ds = datasets.load_dataset(cfg.format, data_files={split: str(path)}, split=split, cache_dir=str(Path(cfg.cache_dir) / "hf"))
+        ds = datasets.load_dataset(
+            cfg.format, data_files={split: str(path)}, split=split, cache_dir=str(Path(cfg.cache_dir) / "hf")
+        )
         corpus[split] = _pairs(ds, cfg, str(path))
     return corpus, list(files.values())
 
@@ -119,5 +130,7 @@ def load_corpus(cfg: DataConfig) -> tuple[datasets.DatasetDict, str]:
             digest.update(path.name.encode())
             digest.update(hashlib.sha256(path.read_bytes()).digest())
     if cfg.train_split not in corpus:
-        raise DataError(f"split {cfg.train_split!r} not found in {cfg.path} (found {', '.join(corpus)}); set data.train_split")
+        raise DataError(
+            f"split {cfg.train_split!r} not found in {cfg.path} (found {', '.join(corpus)}); set data.train_split"
+        )
     return datasets.DatasetDict(corpus), digest.hexdigest()[:16]

@@ -1,5 +1,6 @@
 """sentencepiece models: trained on the training split, special ids fixed at training and read back."""
 
+import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -25,7 +26,18 @@ class SentencePiece:
         return self.sp.encode(texts)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
-        return self.sp.decode(ids)
+        return [self.sp.decode(x) for x in ids]  # one by one: sentencepiece reads a batch of empty lists as one
+
+
+def vocabulary_fingerprint(model: bytes) -> str:
+    """A hash of what decides tokenization (pieces, scores, normalization), not of training details such as
+    the temporary path recorded in the file: a tokenizer retrained on the same data has the same fingerprint."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    proto.ClearField("trainer_spec")
+    return hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
 
 
 def train_sentencepiece(sentences: Iterable[str], prefix: Path, vocab_size: int, model_type: str) -> SentencePiece:

@@ -99,7 +99,14 @@ def attention_mask(
     positional = window is not None or (is_causal and q_len > 1)
     if key_padding_mask is None and attn_mask is None and not positional:
         return None, False, None  # a single cached query sees every earlier key
-    if native_causal and is_causal and window is None and q_len == k_len and key_padding_mask is None and attn_mask is None:
+    if (
+        native_causal
+        and is_causal
+        and window is None
+        and q_len == k_len
+        and key_padding_mask is None
+        and attn_mask is None
+    ):
         return None, True, None
 
     allowed, additive = [], []  # bool masks as True = may attend; float masks to add to the scores

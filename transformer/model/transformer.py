@@ -2,7 +2,9 @@
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import KVCache, MultiHeadAttention
 from .config import ModelConfig
@@ -30,28 +32,39 @@ class DecoderCache:
             cache.reorder(index)
 
 
+def _run(layer: nn.Module, checkpointed: bool, *args) -> Tensor:
+    """A layer's forward; with activation checkpointing (training only) its activations are recomputed in backward."""
+    if checkpointed and layer.training and torch.is_grad_enabled():
+        return checkpoint(layer, *args, use_reentrant=False)
+    return layer(*args)
+
+
 class Encoder(nn.Module):
-    def __init__(self, layers: list[EncoderLayer], final_norm: nn.Module):
+    def __init__(self, layers: list[EncoderLayer], final_norm: nn.Module, checkpointed: bool = False):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.norm = final_norm
+        self.checkpointed = checkpointed
 
     def forward(self, x: Tensor, src_padding: Tensor | None) -> Tensor:
         for layer in self.layers:
-            x = layer(x, src_padding)
+            x = _run(layer, self.checkpointed, x, src_padding)
         return self.norm(x)
 
 
 class Decoder(nn.Module):
-    def __init__(self, layers: list[DecoderLayer], final_norm: nn.Module):
+    def __init__(self, layers: list[DecoderLayer], final_norm: nn.Module, checkpointed: bool = False):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.norm = final_norm
+        self.checkpointed = checkpointed
 
-    def forward(self, x: Tensor, memory: Tensor, src_padding: Tensor | None, cache: DecoderCache | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, memory: Tensor, src_padding: Tensor | None, cache: DecoderCache | None = None
+    ) -> Tensor:
         for i, layer in enumerate(self.layers):
             self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
-            x = layer(x, memory, src_padding, self_cache, cross_cache)
+            x = _run(layer, self.checkpointed and cache is None, x, memory, src_padding, self_cache, cross_cache)
         return self.norm(x)
 
 
@@ -74,7 +87,9 @@ class EncoderDecoder(nn.Module):
             src_padding = None
         return self.encoder(self.src_embed(src), src_padding), src_padding
 
-    def decode(self, tgt: Tensor, memory: Tensor, src_padding: Tensor | None, cache: DecoderCache | None = None) -> Tensor:
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_padding: Tensor | None, cache: DecoderCache | None = None
+    ) -> Tensor:
         """Logits for each position of tgt; with a cache, tgt holds only the new tokens."""
         offset = 0 if cache is None else len(cache)
         x = self.decoder(self.tgt_embed(tgt, offset), memory, src_padding, cache)
@@ -90,15 +105,18 @@ class EncoderDecoder(nn.Module):
 
 def build_model(cfg: ModelConfig) -> EncoderDecoder:
     learned = cfg.positions == "learned"
+    checkpointed = cfg.activation_checkpointing
     src_tokens = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
-    tgt_tokens = src_tokens if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+    tgt_tokens = (
+        src_tokens if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+    )
 
     def final_norm() -> nn.Module:  # pre-LN stacks end with a LayerNorm; post-LN layers already end with one
         return nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
     model = EncoderDecoder(
-        encoder=Encoder([EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers)], final_norm()),
-        decoder=Decoder([DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers)], final_norm()),
+        encoder=Encoder([EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers)], final_norm(), checkpointed),
+        decoder=Decoder([DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers)], final_norm(), checkpointed),
         src_embed=Embeddings(src_tokens, cfg.max_positions, learned, cfg.dropout),
         tgt_embed=Embeddings(tgt_tokens, cfg.max_positions, learned, cfg.dropout),
         output=nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False),

@@ -1,5 +1,5 @@
 """Training: the LightningModule and its optimisation config."""
 
-from .module import OptimConfig, TranslationModule
+from .module import OptimConfig, TranslationModule, ValidationConfig
 
-__all__ = ["OptimConfig", "TranslationModule"]
+__all__ = ["OptimConfig", "TranslationModule", "ValidationConfig"]

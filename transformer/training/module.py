@@ -1,13 +1,16 @@
-"""The LightningModule: label-smoothed loss per target token, AdamW, warmup schedules."""
+"""The LightningModule: label-smoothed loss per target token, AdamW, warmup schedules, validation BLEU."""
 
 import math
+import random
 from dataclasses import asdict, dataclass
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from sacrebleu.metrics import BLEU, CHRF
 
 from ..config_check import check_field_types
+from ..decoding import greedy_search
 from ..model import ModelConfig, build_model
 
 SCHEDULES = ("inverse_sqrt", "cosine")
@@ -29,6 +32,18 @@ class OptimConfig:
             raise ValueError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
 
 
+@dataclass(frozen=True)
+class ValidationConfig:
+    bleu_every: int = 1  # greedy-decode and score every N validations; 0 never
+    bleu_max_sentences: int | None = None  # decode only the validation sentences with index < N
+    max_len_a: float = 1.2  # hypotheses stop at a * source length + b tokens
+    max_len_b: int = 10
+    text_examples: int = 3  # source/reference/hypothesis triples shown in TensorBoard
+
+    def __post_init__(self):
+        check_field_types(self, "validation")
+
+
 def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
     """Multiplier of the peak learning rate at optimizer step `step` (0-based): linear warmup, then decay."""
     step += 1
@@ -41,16 +56,20 @@ def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
 
 
 class TranslationModule(pl.LightningModule):
-    """Takes plain values (a ModelConfig's and an OptimConfig's fields), so the checkpoint's
-    hyperparameters rebuild it alone: TranslationModule.load_from_checkpoint(path)."""
+    """Takes plain values (the fields of a ModelConfig, an OptimConfig and a ValidationConfig), so the
+    checkpoint's hyperparameters rebuild it alone: TranslationModule.load_from_checkpoint(path)."""
 
-    def __init__(self, model: dict, optim: dict):
+    def __init__(self, model: dict, optim: dict, validation: dict | None = None):
         super().__init__()
         self.save_hyperparameters()
         self.model_config = ModelConfig(**model)
         self.optim_config = OptimConfig(**optim)
+        self.validation_config = ValidationConfig(**(validation or {}))
         self.model = build_model(self.model_config)
-        self._val_nll, self._val_tokens = 0.0, 0  # sums over the validation set
+        self.validations = 0  # completed validation runs, for bleu_every
+        self.translations: list[tuple[str, str, str]] = []  # (source, reference, hypothesis) of the last scoring
+        self._val_nll, self._val_tokens, self._hypotheses = 0.0, 0, {}
+        self._rng_to_restore = None
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)
@@ -63,16 +82,51 @@ class TranslationModule(pl.LightningModule):
         loss = F.cross_entropy(logits, target, ignore_index=pad, label_smoothing=label_smoothing, reduction="sum")
         return loss, target.ne(pad).sum()
 
+    # Training
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        if self._rng_to_restore is not None:  # resumed: dropout continues the interrupted run's random stream
+            _set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss_sum, tokens = self._loss_sum(batch, self.optim_config.label_smoothing)
         loss = loss_sum / tokens.clamp(min=1)  # per target token
         self.log("train/loss", loss, prog_bar=True, batch_size=int(tokens))
         return loss
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip by global norm (Trainer's gradient_clip_val) and log the norm before clipping."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+            norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.log("train/grad_norm", norm)
+
+    # Validation: loss and perplexity over the whole split; BLEU and chrF from greedy decoding
+
+    def _scoring(self) -> bool:
+        every = self.validation_config.bleu_every
+        return every > 0 and not self.trainer.sanity_checking and self.validations % every == 0
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         nll, tokens = self._loss_sum(batch, 0.0)  # unsmoothed, so that val/ppl is a perplexity
         self._val_nll += nll.item()
         self._val_tokens += int(tokens)
+        if self._scoring():
+            limit = self.validation_config.bleu_max_sentences
+            rows = torch.arange(len(batch["index"])) if limit is None else torch.nonzero(batch["index"] < limit)[:, 0]
+            if len(rows):
+                hypotheses = self.translate_ids(batch["src"][rows])
+                self._hypotheses.update(zip(batch["index"][rows].tolist(), hypotheses))
+
+    def translate_ids(self, src: torch.Tensor) -> list[list[int]]:
+        """Greedy translations of a padded source batch, as target ids without BOS/EOS."""
+        bos, eos = self.trainer.datamodule.data.tgt_tokenizer.bos_id, self.trainer.datamodule.data.tgt_tokenizer.eos_id
+        cfg = self.validation_config
+        return greedy_search(self.model, src, bos, eos, cfg.max_len_a, cfg.max_len_b)
 
     def on_validation_epoch_end(self) -> None:
         sums = torch.tensor([self._val_nll, self._val_tokens], dtype=torch.float64, device=self.device)
@@ -81,6 +135,36 @@ class TranslationModule(pl.LightningModule):
         self._val_nll, self._val_tokens = 0.0, 0
         loss = (sums[0] / sums[1].clamp(min=1)).item()  # NLL per target token over the whole set
         self.log_dict({"val/loss": loss, "val/ppl": math.exp(min(loss, 50))}, prog_bar=True)
+        if self._scoring():
+            bleu, chrf = self._score(self._gather(self._hypotheses))
+            self.log_dict({"val/bleu": bleu, "val/chrf": chrf}, prog_bar=True)
+        self._hypotheses = {}
+        if not self.trainer.sanity_checking:
+            self.validations += 1
+
+    def _gather(self, hypotheses: dict[int, list[int]]) -> dict[int, list[int]]:
+        if self.trainer.world_size == 1:
+            return hypotheses
+        parts = [None] * self.trainer.world_size
+        torch.distributed.all_gather_object(parts, hypotheses)
+        return {i: h for part in parts for i, h in part.items()}
+
+    def _score(self, hypotheses: dict[int, list[int]]) -> tuple[float, float]:
+        """Corpus BLEU and chrF of the detokenized hypotheses against the raw references (sacreBLEU defaults)."""
+        data = self.trainer.datamodule
+        split = data.data.splits[data.cfg.valid_split]
+        index = sorted(hypotheses)
+        texts = data.data.tgt_tokenizer.decode([hypotheses[i] for i in index])
+        chosen = split.select(index)
+        bleu, chrf = BLEU(), CHRF()
+        bleu_score = bleu.corpus_score(texts, [chosen["tgt"]]).score
+        chrf_score = chrf.corpus_score(texts, [chosen["tgt"]]).score
+        self.bleu_signature = str(bleu.get_signature())
+        shown = range(min(self.validation_config.text_examples, len(index)))
+        self.translations = [(chosen[i]["src"], chosen[i]["tgt"], texts[i]) for i in shown]
+        return bleu_score, chrf_score
+
+    # Optimisation
 
     def configure_optimizers(self):
         cfg = self.optim_config
@@ -97,6 +181,34 @@ class TranslationModule(pl.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    # Checkpoints: random state for exact resume, and the tokenizers, so that a checkpoint translates alone
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng"] = _rng_state()
+        checkpoint["validations"] = self.validations
+        data = getattr(self.trainer, "datamodule", None)
+        if data is not None:
+            src, tgt = data.data.src_tokenizer, data.data.tgt_tokenizer
+            checkpoint["tokenizers"] = {"src": src.path.read_bytes(), "tgt": tgt.path.read_bytes()}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._rng_to_restore = checkpoint.get("rng")
+        self.validations = checkpoint.get("validations", 0)
+
     @staticmethod
-    def hyperparameters(model: ModelConfig, optim: OptimConfig) -> dict:
-        return {"model": asdict(model), "optim": asdict(optim)}
+    def hyperparameters(model: ModelConfig, optim: OptimConfig, validation: ValidationConfig | None = None) -> dict:
+        return {"model": asdict(model), "optim": asdict(optim), "validation": asdict(validation or ValidationConfig())}
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,58 @@
+"""Batched greedy decoding: one encoder pass, then one decoder step per target token."""
+
+import torch
+from torch import Tensor
+
+from ..model import EncoderDecoder
+
+
+@torch.no_grad()
+def greedy_search(
+    model: EncoderDecoder,
+    src: Tensor,
+    bos_id: int,
+    eos_id: int,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    use_cache: bool = True,
+) -> list[list[int]]:
+    """Most likely next token at each step, for a batch of right-padded sources (B, S).
+
+    Returns per sentence, in batch order, the generated ids without the leading BOS and without
+    the EOS (cut at the first one). Each sentence stops at EOS or after int(max_len_a * src_len +
+    max_len_b) tokens, src_len being its own non-pad length (and never beyond the model's
+    max_positions). With use_cache each step feeds only the new token and the decoder keeps its
+    keys/values; without, it feeds the whole prefix (slower, for checks). Finished sentences
+    leave the batch. Put the model in eval mode first; an enclosing autocast applies as usual.
+    """
+    B = src.size(0)
+    memory, src_padding = model.encode(src)  # (B, S, d), (B, S) or None
+    src_len = src.ne(model.pad_id).sum(dim=1)  # (B,)
+    max_len = (src_len.double() * max_len_a + max_len_b).long()  # float64, int(): as Python computes it
+    max_len = max_len.clamp(0, model.tgt_embed.max_positions)  # (B,)
+    steps = int(max_len.max()) if B else 0
+
+    out = torch.full((B, steps), eos_id, dtype=torch.long, device=src.device)  # (B, steps) generated ids
+    rows = torch.arange(B, device=src.device)  # (n,) batch index of each unfinished sentence
+    prefix = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (n, t + 1)
+    cache = model.new_cache() if use_cache else None
+    for t in range(steps):
+        tgt = prefix[:, -1:] if use_cache else prefix
+        logits = model.decode(tgt, memory, src_padding, cache)[:, -1]  # (n, V)
+        token = logits.argmax(dim=-1)  # (n,)
+        out[rows, t] = token
+        prefix = torch.cat([prefix, token[:, None]], dim=1)
+        keep = (token.ne(eos_id) & max_len[rows].gt(t + 1)).nonzero().squeeze(1)  # (n',) rows still going
+        if len(keep) == 0:
+            break
+        if len(keep) < len(rows):  # drop finished sentences from the batch
+            rows, prefix, memory = rows[keep], prefix[keep], memory[keep]
+            src_padding = None if src_padding is None else src_padding[keep]
+            if cache is not None:
+                cache.reorder(keep)
+
+    results = []
+    for ids, n in zip(out.tolist(), max_len.tolist()):
+        ids = ids[:n]
+        results.append(ids[: ids.index(eos_id)] if eos_id in ids else ids)
+    return results

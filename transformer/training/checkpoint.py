@@ -1,0 +1,110 @@
+"""Checkpoints that survive interruption: atomic writes, best-by-BLEU, a checkpoint on SIGTERM or Ctrl-C."""
+
+import os
+import signal
+import tempfile
+from pathlib import Path
+
+import torch
+from lightning_fabric.plugins import TorchCheckpointIO
+from pytorch_lightning import Callback, LightningModule, Trainer
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes to a temporary file beside the target, syncs it to disk, then renames it over the target:
+    a kill at any moment leaves the old checkpoint or the new one, never a truncated file. (Lightning's own
+    save stages the file in the system temp folder, and moving it across filesystems is a copy.)"""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if "://" in str(path):  # remote storage: its own transaction semantics
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself survives a power cut
+        finally:
+            os.close(dir_fd)
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """The best K checkpoints by a metric that some validations do not log (BLEU is scored every N): those
+    validations save nothing here, instead of failing or reusing the previous validation's score."""
+
+    def on_validation_start(self, trainer: Trainer, module: LightningModule) -> None:
+        trainer.callback_metrics.pop(self.monitor, None)  # Lightning keeps old values; only this validation's count
+
+    def _save_topk_checkpoint(self, trainer: Trainer, monitor_candidates: dict) -> None:
+        if self.monitor is not None and self.monitor not in monitor_candidates:
+            return
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """last.ckpt after every validation (or epoch), every N training steps if asked, and at the end of
+    training, whatever the scores did: the file that resuming starts from. (A ModelCheckpoint with a monitor
+    and save_last rewrites last.ckpt only when it also saves a best checkpoint.)"""
+
+    def __init__(self, dirpath: str, every_n_train_steps: int | None = None):
+        super().__init__(dirpath=dirpath, filename=self.CHECKPOINT_NAME_LAST, monitor=None, save_top_k=1,
+                         every_n_train_steps=every_n_train_steps, enable_version_counter=False)  # fmt: skip
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+
+    def on_train_end(self, trainer: Trainer, module: LightningModule) -> None:
+        if self._last_global_step_saved != trainer.global_step and not trainer.fast_dev_run:
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+class CheckpointOnSignal(Callback):
+    """SIGTERM or Ctrl-C: finish the current batch, write last.ckpt, exit with 128 + the signal number.
+    Stopping at a batch boundary keeps the checkpoint exactly resumable; a second Ctrl-C interrupts at once.
+    (Lightning's own SIGTERM handling exits with status 0 after any scheduled validation, saving nothing.)"""
+
+    def __init__(self):
+        self.received: int | None = None
+        self.exit_code: int | None = None
+
+    def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
+        # Lightning restores the handlers it found before fit when fit ends.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        stop = self.received is not None
+        if trainer.world_size > 1:  # a signal may reach one rank only; all must save and stop together
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if not stop:
+            return
+        path = next((c.path for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
+        path = path or os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
+        trainer.save_checkpoint(path)
+        signum = self.received or signal.SIGTERM
+        if trainer.is_global_zero:
+            print(f"\n{signal.Signals(signum).name}: saved {path} at step {trainer.global_step}; "
+                  f"resume with ckpt_path={path}", flush=True)  # fmt: skip
+        self.exit_code = 128 + signum  # exit at the next hook, once Lightning has logged this step's metrics
+
+    def _exit_if_stopping(self, *args) -> None:
+        if self.exit_code is not None:
+            raise SystemExit(self.exit_code)
+
+    on_train_batch_start = on_validation_start = on_train_epoch_end = on_train_end = _exit_if_stopping

@@ -1,0 +1,66 @@
+"""Resuming: which checkpoint `ckpt_path` means, and whether it fits this run, checked before training starts."""
+
+from pathlib import Path
+
+import torch
+
+from ..data.tokenizer import vocabulary_fingerprint
+from ..model import ModelConfig
+
+RUNTIME_FIELDS = {"attention_backend", "activation_checkpointing"}  # may change between runs
+
+
+def run_dir_for(ckpt_path: str | None, default: str, outputs: str = "outputs") -> str:
+    """Hydra's run folder: a resumed run continues in its checkpoint's run folder (`.../checkpoints/x.ckpt`),
+    `last` in the newest run under `outputs/` that has a last.ckpt; otherwise a new folder."""
+    if not ckpt_path:
+        return default
+    if ckpt_path == "last":
+        runs = sorted(Path(outputs).glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        return str(runs[-1].parent.parent) if runs else default
+    path = Path(ckpt_path)
+    return str(path.parent.parent) if path.parent.name == "checkpoints" else default
+
+
+def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
+    if not ckpt_path:
+        return None
+    path = run_dir / "checkpoints" / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
+    if not path.is_file():
+        where = f"no checkpoints/last.ckpt in {run_dir}" if ckpt_path == "last" else "no such file"
+        raise FileNotFoundError(
+            f"ckpt_path={ckpt_path}: {where}; give a checkpoint file, or ckpt_path=last with hydra.run.dir=<run folder>"
+        )
+    return str(path)
+
+
+def load_checkpoint(path: str) -> dict:
+    """A checkpoint's contents, loaded without executing code from it; a one-line error if unreadable."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"ckpt_path={path} cannot be loaded ({reason}); it is truncated, corrupt or not a "
+                         "checkpoint: use another one, e.g. the run's checkpoints/last.ckpt") from None  # fmt: skip
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint.get("hyper_parameters", {}):
+        raise ValueError(f"ckpt_path={path} is not a checkpoint of this project (no model hyperparameters)")
+    return checkpoint
+
+
+def check_resumable(checkpoint: dict, path: str, model: ModelConfig, tokenizers: dict[str, bytes]) -> None:
+    """Raise a one-line ValueError if the checkpoint's vocabulary or model differs from this run's."""
+    for side, spm_bytes in tokenizers.items():
+        saved = checkpoint.get("tokenizers", {}).get(side)
+        if saved is not None and vocabulary_fingerprint(saved) != vocabulary_fingerprint(spm_bytes):
+            raise ValueError(
+                f"ckpt_path={path} was trained with another {side} vocabulary than this run's data config "
+                "builds; resume with the data.* settings it was trained with"
+            )
+    saved_model = checkpoint["hyper_parameters"]["model"]
+    for name, value in vars(model).items():
+        if name not in RUNTIME_FIELDS and name in saved_model and saved_model[name] != value:
+            what = "vocabulary" if name in ("src_vocab_size", "tgt_vocab_size", "pad_id") else "model"
+            raise ValueError(
+                f"ckpt_path={path} has {what} model.{name}={saved_model[name]}, this run has {value}; "
+                "resume with the settings it was trained with"
+            )
