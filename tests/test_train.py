@@ -166,6 +166,19 @@ def test_resumed_run_continues_exactly(runs):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_ctrl_c_writes_a_checkpoint_at_the_batch_boundary(tmp_path):
+    write_text_corpus(tmp_path / "c")
+    with pytest.raises(SystemExit) as stopped:
+        run_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny", "~logger",
+                                     "trainer.max_steps=30", "trainer.enable_progress_bar=false",
+                                     "+callbacks.signal_at._target_=tests.test_train.SignalAt",
+                                     "+callbacks.signal_at.step=3", f"+callbacks.signal_at.signum={int(signal.SIGINT)}"])  # fmt: skip
+    assert stopped.value.code == 128 + signal.SIGINT
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 4
+    assert checkpoint["TranslationDataModule"]["train_sampler"]["position"] == 4  # batches trained, none fetched ahead
+
+
 def scalars(run_dir: Path) -> EventAccumulator:
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     events.Reload()
