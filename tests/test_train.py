@@ -133,36 +133,43 @@ def test_tiny_model_overfits_its_training_pairs_to_bleu_above_90(tmp_path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A: 30 steps (2+ epochs, validation every 5 batches, dropout on) uninterrupted. B: the same run,
-    SIGTERM at step 17, then `ckpt_path=last` into the same folder."""
+    """A: 30 steps (13 batches an epoch, validation every 5 batches, dropout on) uninterrupted. B: the same
+    run, SIGTERM during step 18 (mid-epoch), then `ckpt_path=last` into the same folder. C: SIGTERM during
+    step 13, the last of the first epoch, then resumed."""
     tmp = tmp_path_factory.mktemp("runs")
     write_text_corpus(tmp / "c")
     common = [*tiny_data(tmp / "c", tmp / "cache"), *RECORD, "model=tiny", "trainer.precision=32",
               "trainer.max_steps=30", "trainer.val_check_interval=5", "trainer.log_every_n_steps=1",
-              "trainer.enable_progress_bar=false", "optim.warmup_steps=10"]  # fmt: skip
+              "trainer.enable_progress_bar=false", "optim.warmup_steps=10",
+              "data.num_workers=1"]  # a loader worker fetches ahead of training  # fmt: skip
     a = run_train(tmp / "a", common)
     with pytest.raises(SystemExit) as stopped:
         run_train(tmp / "b", [*common, "+callbacks.signal_at._target_=tests.test_train.SignalAt",
                               "+callbacks.signal_at.step=17"])  # fmt: skip
     b = run_train(tmp / "b", [*common, "ckpt_path=last"])
-    return tmp, a, b, stopped.value.code
+    with pytest.raises(SystemExit):
+        run_train(tmp / "c", [*common, "+callbacks.signal_at._target_=tests.test_train.SignalAt",
+                              "+callbacks.signal_at.step=12"])  # fmt: skip
+    c = run_train(tmp / "c", [*common, "ckpt_path=last"])
+    return tmp, a, b, stopped.value.code, c
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_with_its_code(runs):
-    tmp, a, b, code = runs
+    tmp, a, b, code, _ = runs
     assert code == 128 + signal.SIGTERM
     assert b.global_step == 30
 
 
-def test_resumed_run_continues_exactly(runs):
-    tmp, a, b, code = runs
-    a_losses, b_losses = callback(a, LossRecorder).losses, callback(b, LossRecorder).losses
-    assert sorted(b_losses) == list(range(19, 31))  # stopped after step 18 (1-based): steps 19..30 remain
-    for step in b_losses:
-        assert callback(b, LossRecorder).batches[step] == callback(a, LossRecorder).batches[step], step
-    for step, loss in b_losses.items():
-        assert loss == pytest.approx(a_losses[step], rel=1e-6, abs=1e-7), step
-    for (name, p), q in zip(a.lightning_module.named_parameters(), b.lightning_module.parameters()):
+@pytest.mark.parametrize("stopped_after", [18, 13])  # mid-epoch; at the end of the first epoch
+def test_resumed_run_continues_exactly(runs, stopped_after):
+    tmp, a, b, code, c = runs
+    resumed = {18: b, 13: c}[stopped_after]
+    a_record, resumed_record = callback(a, LossRecorder), callback(resumed, LossRecorder)
+    assert sorted(resumed_record.losses) == list(range(stopped_after + 1, 31))  # only the remaining steps
+    for step, loss in resumed_record.losses.items():
+        assert resumed_record.batches[step] == a_record.batches[step], step
+        assert loss == pytest.approx(a_record.losses[step], rel=1e-6, abs=1e-7), step
+    for (name, p), q in zip(a.lightning_module.named_parameters(), resumed.lightning_module.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
 
@@ -186,14 +193,14 @@ def scalars(run_dir: Path) -> EventAccumulator:
 
 
 def test_resumed_run_continues_the_same_tensorboard_curves(runs):
-    tmp, a, b, code = runs
+    tmp, a, b, code, _ = runs
     steps = [e.step for e in scalars(tmp / "b").Scalars("train/loss")]
     assert steps == [e.step for e in scalars(tmp / "a").Scalars("train/loss")]  # one curve, no second from 0
     assert len(list((tmp / "b" / "tensorboard").glob("events.out.tfevents.*"))) == 2
 
 
 def test_tensorboard_holds_scalars_text_and_attention_images(runs):
-    tmp, a, b, code = runs
+    tmp, a, b, code, _ = runs
     events = scalars(tmp / "a")
     tags = events.Tags()
     for tag in ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/padding",
@@ -209,7 +216,7 @@ def test_tensorboard_holds_scalars_text_and_attention_images(runs):
 
 
 def test_checkpoints_keep_last_and_best_by_bleu(runs):
-    tmp, a, b, code = runs
+    tmp, a, b, code, _ = runs
     files = sorted(p.name for p in (tmp / "a" / "checkpoints").iterdir())
     assert "last.ckpt" in files and not [f for f in files if f.endswith(".tmp")]
     best = [f for f in files if f != "last.ckpt"]

@@ -51,6 +51,12 @@ class BestCheckpoint(ModelCheckpoint):
         super()._save_topk_checkpoint(trainer, monitor_candidates)
 
 
+def at_epoch_end(trainer: Trainer) -> bool:
+    """True after the epoch's last training batch, until the epoch ends. Lightning cannot resume exactly from
+    a checkpoint taken here (it skips the next epoch's batches), so such saves wait for on_train_epoch_end."""
+    return trainer.state.fn == "fit" and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+
+
 class LastCheckpoint(ModelCheckpoint):
     """last.ckpt after every validation (or epoch), every N training steps if asked, and at the end of
     training, whatever the scores did: the file that resuming starts from. (A ModelCheckpoint with a monitor
@@ -59,14 +65,42 @@ class LastCheckpoint(ModelCheckpoint):
     def __init__(self, dirpath: str, every_n_train_steps: int | None = None):
         super().__init__(dirpath=dirpath, filename=self.CHECKPOINT_NAME_LAST, monitor=None, save_top_k=1,
                          every_n_train_steps=every_n_train_steps, enable_version_counter=False)  # fmt: skip
+        self._save_at_epoch_end = False
 
     @property
     def path(self) -> str:
         return os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
 
-    def on_train_end(self, trainer: Trainer, module: LightningModule) -> None:
+    def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
+        # Resuming from an epoch-end checkpoint, Lightning moves on to the next epoch only for epoch-based
+        # training (FitLoop.on_run_start); with trainer.max_steps it would replay the finished epoch's tail.
+        progress = trainer.fit_loop.epoch_progress.current
+        progress.completed = progress.processed
+
+    def _save_now(self, trainer: Trainer) -> None:
         if self._last_global_step_saved != trainer.global_step and not trainer.fast_dev_run:
             self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, *args, **kwargs) -> None:
+        if at_epoch_end(trainer):
+            self._save_at_epoch_end = self._save_at_epoch_end or self._every_n_train_steps > 0
+            return
+        super().on_train_batch_end(trainer, module, *args, **kwargs)
+
+    def on_validation_end(self, trainer: Trainer, module: LightningModule) -> None:
+        if at_epoch_end(trainer):
+            self._save_at_epoch_end = not trainer.sanity_checking
+            return
+        super().on_validation_end(trainer, module)
+
+    def on_train_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:
+        if self._save_at_epoch_end:
+            self._save_at_epoch_end = False
+            self._save_now(trainer)
+        super().on_train_epoch_end(trainer, module)
+
+    def on_train_end(self, trainer: Trainer, module: LightningModule) -> None:
+        self._save_now(trainer)
 
 
 class CheckpointOnSignal(Callback):
@@ -77,6 +111,7 @@ class CheckpointOnSignal(Callback):
     def __init__(self):
         self.received: int | None = None
         self.exit_code: int | None = None
+        self._stop_at_epoch_end = False
 
     def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
         # Lightning restores the handlers it found before fit when fit ends.
@@ -92,8 +127,17 @@ class CheckpointOnSignal(Callback):
         stop = self.received is not None
         if trainer.world_size > 1:  # a signal may reach one rank only; all must save and stop together
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if not stop:
-            return
+        if stop and at_epoch_end(trainer):
+            self._stop_at_epoch_end = True  # after this epoch's validation, if one is due
+        elif stop:
+            self._save_and_stop(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:
+        if self._stop_at_epoch_end:
+            self._save_and_stop(trainer)
+        self._exit_if_stopping()
+
+    def _save_and_stop(self, trainer: Trainer) -> None:
         path = next((c.path for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
         path = path or os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
         trainer.save_checkpoint(path)
@@ -107,4 +151,4 @@ class CheckpointOnSignal(Callback):
         if self.exit_code is not None:
             raise SystemExit(self.exit_code)
 
-    on_train_batch_start = on_validation_start = on_train_epoch_end = on_train_end = _exit_if_stopping
+    on_train_batch_start = on_validation_start = on_train_end = _exit_if_stopping
