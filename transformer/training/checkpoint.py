@@ -72,10 +72,13 @@ class LastCheckpoint(ModelCheckpoint):
         return os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
 
     def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
-        # Resuming from an epoch-end checkpoint, Lightning moves on to the next epoch only for epoch-based
-        # training (FitLoop.on_run_start); with trainer.max_steps it would replay the finished epoch's tail.
+        # Resumed from an epoch-end checkpoint, Lightning starts the next epoch afresh only in epoch-based
+        # training; with trainer.max_steps it treats the finished epoch as interrupted and loses the next
+        # epoch's first batches. Do here what it does for epoch-based training.
         progress = trainer.fit_loop.epoch_progress.current
-        progress.completed = progress.processed
+        if progress.processed > progress.completed:
+            progress.completed = progress.processed
+            trainer.fit_loop.epoch_loop.restarting = False
 
     def _save_now(self, trainer: Trainer) -> None:
         if self._last_global_step_saved != trainer.global_step and not trainer.fast_dev_run:
