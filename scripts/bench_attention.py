@@ -134,6 +134,17 @@ def machine() -> str:
     return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, Python {platform.python_version()}"
 
 
+def record(section: str, begin: str, end: str) -> None:
+    """Put section (which starts with begin and ends with end) in docs/benchmarks.md, replacing its old run."""
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+    if begin in text:
+        text = text[: text.index(begin)] + section + text[text.index(end) + len(end) :]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    DOC.write_text(text)
+    print(f"recorded in {DOC}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7, help="timed windows per measurement (median reported)")
@@ -167,13 +178,7 @@ def main():
             "this is what `backend=auto` chooses from on a CPU (`explicit_is_faster` in "
             f"`transformer/model/attention.py`):\n\n{kernels}\n{END}"
         )
-        text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-        if BEGIN in text:
-            text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
-        else:
-            text = text.rstrip() + "\n\n" + section + "\n"
-        DOC.write_text(text)
-        print(f"recorded in {DOC}")
+        record(section, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,14 @@ import types
 import typing
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from .data.sources import DataError
+from .training.resume import run_dir_for
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+# hydra.run.dir: a resumed run continues in its checkpoint's run folder, and evaluation writes there too
+OmegaConf.register_new_resolver("run_dir_for", run_dir_for, replace=True)
 
 
 def one_line_errors(main):
@@ -37,10 +42,14 @@ def check_overrides(config_name: str, argv: list[str]) -> None:
 
     try:
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            compose(config_name, overrides=argv)
+            cfg = compose(config_name, overrides=argv)
     except (HydraException, OmegaConfBaseException) as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         print(f"error: {' '.join(lines)}", file=sys.stderr)
+        sys.exit(2)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        print(f"error: {missing[0]} is required: add {missing[0]}=...", file=sys.stderr)
         sys.exit(2)
 
 

@@ -15,10 +15,8 @@ from .data import DataConfig, TranslationDataModule
 from .model import ModelConfig
 from .training import OptimConfig, TranslationModule, ValidationConfig
 from .training.checkpoint import AtomicCheckpointIO
-from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path, run_dir_for
+from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path
 
-# hydra.run.dir: a resumed run continues in its checkpoint's run folder
-OmegaConf.register_new_resolver("run_dir_for", run_dir_for, replace=True)
 # The data module restores the batch sampler's position itself, which Lightning cannot see.
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 

@@ -15,9 +15,14 @@ SPECIAL_IDS = dict(pad_id=0, unk_id=1, bos_id=2, eos_id=3)
 class SentencePiece:
     """One sentencepiece model. Special ids and vocabulary size come from the model file."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+    def __init__(self, path: str | Path | None = None, model: bytes | None = None):
+        """From a model file, or from the file's bytes (as a checkpoint holds them)."""
+        self.path = Path(path) if path is not None else None
+        self.sp = (
+            spm.SentencePieceProcessor(model_file=str(path))
+            if model is None
+            else spm.SentencePieceProcessor(model_proto=model)
+        )
         self.vocab_size = self.sp.get_piece_size()
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()

@@ -186,10 +186,12 @@ class TranslationModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rng"] = _rng_state()
         checkpoint["validations"] = self.validations
+        checkpoint["precision"] = str(self.trainer.precision)  # evaluation decodes as validation did
         data = getattr(self.trainer, "datamodule", None)
         if data is not None:
             src, tgt = data.data.src_tokenizer, data.data.tgt_tokenizer
             checkpoint["tokenizers"] = {"src": src.path.read_bytes(), "tgt": tgt.path.read_bytes()}
+            checkpoint["data"] = asdict(data.cfg)  # which corpus and languages, for evaluate's defaults
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._rng_to_restore = checkpoint.get("rng")

@@ -1,0 +1,78 @@
+"""python -m transformer.evaluate ckpt_path=PATH [split=...]: decode a split and score it with sacreBLEU."""
+
+import json
+import sys
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import hydra
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from sacrebleu.metrics import BLEU, CHRF
+
+from .cli import check_overrides, one_line_errors
+from .data import DataConfig, DataError, TokenBatchSampler, load_corpus
+from .inference import SearchConfig, Translator
+
+
+def data_config(checkpoint_data: dict, overrides: dict) -> DataConfig:
+    """The checkpoint's data config with the non-null overrides applied."""
+    names = {f.name for f in fields(DataConfig)}
+    values = {k: v for k, v in checkpoint_data.items() if k in names}
+    config = DataConfig(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
+    trained = (checkpoint_data.get("src"), checkpoint_data.get("tgt"))
+    if None not in trained and trained != (config.src, config.tgt):
+        raise ValueError(
+            f"the checkpoint translates {trained[0]}->{trained[1]}, but data.src={config.src} data.tgt={config.tgt}; "
+            "drop those overrides or use a checkpoint trained for that direction"
+        )
+    return config
+
+
+def evaluate(translator: Translator, data: DataConfig, split: str, search: SearchConfig, precision: str) -> dict:
+    """Translations of the split (input order) and their BLEU and chrF against its references."""
+    corpus, _ = load_corpus(data)
+    if split not in corpus:
+        raise DataError(f"unknown split {split!r}; {data.path} has {', '.join(corpus)}")
+    sources, references = list(corpus[split]["src"]), list(corpus[split]["tgt"])
+    # Batched as the data module batches pairs (by both sides' lengths): bf16 rounding depends on batch
+    # shapes, and with search.max_tokens = data.max_tokens a validation split decodes exactly as in training.
+    lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(translator.src_tokenizer.encode(sources),
+                                                         translator.tgt_tokenizer.encode(references))]  # fmt: skip
+    max_tokens = max(search.max_tokens, *(max(pair) for pair in lengths))
+    batches = [b.tolist() for b in TokenBatchSampler(np.array(lengths), max_tokens, shuffle=False).all_batches(0)]
+    hypotheses = translator.translate(sources, search, precision, batches)
+    bleu, chrf = BLEU(), CHRF()
+    bleu_score, chrf_score = bleu.corpus_score(hypotheses, [references]), chrf.corpus_score(hypotheses, [references])
+    return {
+        "split": split, "sentences": len(sources), "bleu": bleu_score.score, "chrf": chrf_score.score,
+        "bleu_line": bleu_score.format(signature=str(bleu.get_signature())),
+        "chrf_line": chrf_score.format(signature=str(chrf.get_signature())),
+        "search": asdict(search), "precision": precision, "hypotheses": hypotheses,
+    }  # fmt: skip
+
+
+@hydra.main(config_path="../configs", config_name="evaluate", version_base="1.3")
+@one_line_errors
+def main(cfg: DictConfig) -> None:
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    translator = Translator.from_path(cfg.ckpt_path, cfg.device)
+    data = data_config(translator.data, plain["data"])
+    max_tokens = cfg.max_tokens or data.max_tokens
+    search = SearchConfig(cfg.beam_size, cfg.length_penalty, cfg.max_len_a, cfg.max_len_b, max_tokens)
+    result = evaluate(
+        translator, data, cfg.split or data.test_split, search, cfg.precision or translator.trained_precision
+    )
+    out = Path(HydraConfig.get().runtime.output_dir)
+    name = f"{result['split']}.beam{search.beam_size}"
+    (out / f"{name}.hyp").write_text("".join(h + "\n" for h in result.pop("hypotheses")))
+    (out / f"{name}.json").write_text(json.dumps({"checkpoint": str(cfg.ckpt_path), **result}, indent=2) + "\n")
+    print(result["bleu_line"])
+    print(result["chrf_line"])
+    print(f"hypotheses and scores: {out / name}.hyp, .json")
+
+
+if __name__ == "__main__":
+    check_overrides("evaluate", sys.argv[1:])
+    main()

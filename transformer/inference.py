@@ -1,0 +1,111 @@
+"""A trained checkpoint as a translator: its model, its own tokenizers, length-bucketed batched search."""
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .data.tokenizer import SentencePiece
+from .decoding import Hypothesis, beam_search, greedy_search
+from .model import ModelConfig, build_model
+from .training.resume import load_checkpoint
+
+PRECISIONS = ("32", "bf16")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    beam_size: int = 5
+    length_penalty: float = 1.0  # scores are log-probabilities / length**length_penalty
+    max_len_a: float = 1.2  # hypotheses stop at a * source length + b tokens
+    max_len_b: int = 10
+    max_tokens: int = 8192  # source tokens per batch (times beam_size inside the search)
+    use_cache: bool = True  # False: each step re-reads the whole prefix (for checks and benchmarks)
+
+    def __post_init__(self):
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size={self.beam_size} must be at least 1 (1 is greedy search)")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens} must be positive")
+
+
+class Translator:
+    """Everything comes from the checkpoint: model config and weights, tokenizers, and the data config
+    (corpus and languages) it was trained with."""
+
+    def __init__(self, checkpoint: dict, path: str = "checkpoint", device: str = "cpu"):
+        hparams = checkpoint["hyper_parameters"]
+        if "tokenizers" not in checkpoint:
+            raise ValueError(f"{path} holds no tokenizers (it was not written by training); use a training checkpoint")
+        self.model_config = ModelConfig(**hparams["model"])
+        self.model = build_model(self.model_config)
+        weights = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+        self.model.load_state_dict(weights)
+        self.model.to(device).eval()
+        self.src_tokenizer = SentencePiece(model=checkpoint["tokenizers"]["src"])
+        self.tgt_tokenizer = SentencePiece(model=checkpoint["tokenizers"]["tgt"])
+        self.data = checkpoint.get("data", {})
+        self.validation = hparams.get("validation", {})
+        self.trained_precision = "bf16" if "bf16" in checkpoint.get("precision", "32") else "32"
+        self.device = torch.device(device)
+        self.max_source_tokens = self.model_config.max_positions - 1  # one position for EOS
+
+    @classmethod
+    def from_path(cls, path: str, device: str = "cpu") -> "Translator":
+        return cls(load_checkpoint(path), path, device)
+
+    def translate(self, texts: list[str], search: SearchConfig, precision: str = "32", batches=None) -> list[str]:
+        """One translation per text, in order; empty texts give empty translations."""
+        ids = self.src_tokenizer.encode(texts)
+        longest = self.max_source_tokens
+        for length in [len(s) for s in ids if len(s) > longest]:
+            message = f"an input of {length} tokens was translated up to its first {longest} (model.max_positions)"
+            warnings.warn(message, stacklevel=2)
+        hypotheses = self.search([s[: self.max_source_tokens] for s in ids], search, precision, batches)
+        outputs = self.tgt_tokenizer.decode([h[0].tokens for h in hypotheses])
+        return ["" if not text.strip() else out for text, out in zip(texts, outputs)]
+
+    def search(self, sources: list[list[int]], search: SearchConfig, precision: str = "32", batches=None):
+        """Best hypotheses per source (ids without EOS), in input order. `batches` (lists of indices into
+        sources) default to length-sorted ones of up to search.max_tokens padded source tokens."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+        eos, pad = self.src_tokenizer.eos_id, self.model_config.pad_id
+        results: list = [None] * len(sources)
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+        )
+        for batch in length_batches(sources, search.max_tokens) if batches is None else batches:
+            longest = max(len(sources[i]) for i in batch) + 1
+            src = torch.full((len(batch), longest), pad, dtype=torch.long)  # (B, S) right-padded
+            for row, i in enumerate(batch):
+                src[row, : len(sources[i]) + 1] = torch.tensor(sources[i] + [eos])
+            with autocast:
+                found = self._search(src.to(self.device), search)
+            for i, hypotheses in zip(batch, found):
+                results[i] = hypotheses
+        return results
+
+    def _search(self, src: torch.Tensor, search: SearchConfig):
+        bos, eos = self.tgt_tokenizer.bos_id, self.tgt_tokenizer.eos_id
+        if search.beam_size == 1:  # the same function as validation, so that scores match it (unscored)
+            found = greedy_search(self.model, src, bos, eos, search.max_len_a, search.max_len_b, search.use_cache)
+            return [[Hypothesis(tokens, float("nan"))] for tokens in found]
+        return beam_search(
+            self.model, src, bos, eos, beam_size=search.beam_size, length_penalty=search.length_penalty,
+            max_len_a=search.max_len_a, max_len_b=search.max_len_b, use_cache=search.use_cache,
+        )  # fmt: skip
+
+
+def length_batches(sources: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Indices of sources in batches of similar length, each holding at most max_tokens padded tokens
+    (sources plus EOS); one source per batch at least."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * (len(sources[i]) + 1) <= max_tokens:
+            batches[-1].append(i)  # ascending lengths: the newest source is the longest
+        else:
+            batches.append([i])
+    return batches

@@ -1,0 +1,48 @@
+"""python -m transformer.translate ckpt_path=PATH [input=FILE]: translate lines, one output line per input line."""
+
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+
+import hydra
+from omegaconf import DictConfig
+
+from .cli import check_overrides, one_line_errors
+from .inference import SearchConfig, Translator
+
+
+def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:
+    """Lines from a file descriptor in batches of whatever has arrived (at most max_lines): a file or pipe is
+    read in large batches, a terminal line by line. Bytes that are not UTF-8 become U+FFFD."""
+    pending = b""
+    while chunk := os.read(fd, 1 << 16):
+        *lines, pending = (pending + chunk).split(b"\n")
+        for start in range(0, len(lines), max_lines):
+            yield [
+                line.decode("utf-8", errors="replace").removesuffix("\r") for line in lines[start : start + max_lines]
+            ]
+    if pending:
+        yield [pending.decode("utf-8", errors="replace")]
+
+
+@hydra.main(config_path="../configs", config_name="translate", version_base="1.3")
+@one_line_errors
+def main(cfg: DictConfig) -> None:
+    translator = Translator.from_path(cfg.ckpt_path, cfg.device)
+    search = SearchConfig(cfg.beam_size, cfg.length_penalty, cfg.max_len_a, cfg.max_len_b, cfg.max_tokens)
+    precision = cfg.precision or translator.trained_precision
+    fd = os.open(cfg.input, os.O_RDONLY) if cfg.input else sys.stdin.fileno()
+    for lines in arriving_lines(fd, cfg.max_lines):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            translations = translator.translate(lines, search, precision)
+        for warning in caught:
+            print(f"warning: {warning.message}", file=sys.stderr)
+        sys.stdout.write("".join(t.replace("\n", " ") + "\n" for t in translations))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    check_overrides("translate", sys.argv[1:])
+    main()
