@@ -47,7 +47,7 @@ def check_overrides(config_name: str, argv: list[str]) -> None:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         print(f"error: {' '.join(lines)}", file=sys.stderr)
         sys.exit(2)
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    missing = [key for key in cfg if OmegaConf.is_missing(cfg, key)]  # top level: resolving runs ${hydra:...}
     if missing:
         print(f"error: {missing[0]} is required: add {missing[0]}=...", file=sys.stderr)
         sys.exit(2)
