@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from .data.sources import DataError
+from .training.errors import TrainingError
 from .training.resume import run_dir_for
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -24,7 +25,7 @@ def one_line_errors(main):
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except (DataError, ValueError, FileNotFoundError) as e:
+        except (DataError, ValueError, FileNotFoundError, TrainingError) as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 

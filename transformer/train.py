@@ -14,7 +14,7 @@ from .cli import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .model import ModelConfig
 from .training import OptimConfig, TranslationModule, ValidationConfig
-from .training.checkpoint import AtomicCheckpointIO
+from .training.checkpoint import AtomicCheckpointIO, RunFolderLock
 from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path
 
 # The data module restores the batch sampler's position itself, which Lightning cannot see.
@@ -51,10 +51,6 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         check_resumable(load_checkpoint(ckpt_path), ckpt_path, model, tokenizers)
     if cfg.compile:
         module.model.compile()  # in place: parameter names, and so checkpoints, stay those of the plain model
-    tokenizer_dir = run_dir / "tokenizer"
-    tokenizer_dir.mkdir(parents=True, exist_ok=True)
-    for tok in {src_tok.path, tgt_tok.path}:
-        shutil.copy2(tok, tokenizer_dir / tok.name)  # the run folder holds the tokenizer it was trained with
     trainer = pl.Trainer(
         **plain["trainer"],
         default_root_dir=str(run_dir),
@@ -62,7 +58,16 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         logger=[hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values()],  # ~logger: none
         plugins=[AtomicCheckpointIO()],
     )
-    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    lock = RunFolderLock(run_dir) if trainer.is_global_zero else None  # other ranks share rank 0's folder
+    try:
+        tokenizer_dir = run_dir / "tokenizer"
+        tokenizer_dir.mkdir(parents=True, exist_ok=True)
+        for tok in {src_tok.path, tgt_tok.path}:
+            shutil.copy2(tok, tokenizer_dir / tok.name)  # the run folder holds the tokenizer it was trained with
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    finally:
+        if lock is not None:
+            lock.release()
     return trainer
 
 

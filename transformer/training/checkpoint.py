@@ -1,5 +1,6 @@
 """Checkpoints that survive interruption: atomic writes, best-by-BLEU, a checkpoint on SIGTERM or Ctrl-C."""
 
+import fcntl
 import os
 import signal
 import tempfile
@@ -9,6 +10,8 @@ import torch
 from lightning_fabric.plugins import TorchCheckpointIO
 from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
+
+from .errors import TrainingError
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -63,8 +66,10 @@ class LastCheckpoint(ModelCheckpoint):
     and save_last rewrites last.ckpt only when it also saves a best checkpoint.)"""
 
     def __init__(self, dirpath: str, every_n_train_steps: int | None = None):
+        # Lightning takes step or epoch triggers, not both: the step trigger is kept here.
         super().__init__(dirpath=dirpath, filename=self.CHECKPOINT_NAME_LAST, monitor=None, save_top_k=1,
-                         every_n_train_steps=every_n_train_steps, enable_version_counter=False)  # fmt: skip
+                         enable_version_counter=False)  # fmt: skip
+        self.save_every_n_steps = every_n_train_steps or 0
         self._save_at_epoch_end = False
 
     @property
@@ -85,10 +90,12 @@ class LastCheckpoint(ModelCheckpoint):
             self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_batch_end(self, trainer: Trainer, module: LightningModule, *args, **kwargs) -> None:
-        if at_epoch_end(trainer):
-            self._save_at_epoch_end = self._save_at_epoch_end or self._every_n_train_steps > 0
+        if not self.save_every_n_steps or trainer.global_step % self.save_every_n_steps:
             return
-        super().on_train_batch_end(trainer, module, *args, **kwargs)
+        if at_epoch_end(trainer):
+            self._save_at_epoch_end = True
+        else:
+            self._save_now(trainer)
 
     def on_validation_end(self, trainer: Trainer, module: LightningModule) -> None:
         if at_epoch_end(trainer):
@@ -155,3 +162,30 @@ class CheckpointOnSignal(Callback):
             raise SystemExit(self.exit_code)
 
     on_train_batch_start = on_validation_start = on_train_end = _exit_if_stopping
+
+
+class RunFolderLock:
+    """One training process per run folder: an exclusive lock on RUN/.lock, held until the process ends. The
+    operating system releases it when the process dies, however it dies, so a killed run can be resumed."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".lock"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a+")  # noqa: SIM115  (held open for the life of the run)
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "another process"
+            self._file.close()
+            raise TrainingError(
+                f"{run_dir} is in use by a training run ({holder}); give this run its own hydra.run.dir, "
+                "or resume that run only after it has stopped"
+            ) from None
+        self._file.truncate(0)
+        self._file.write(f"pid {os.getpid()}\n")
+        self._file.flush()
+
+    def release(self) -> None:
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()

@@ -5,6 +5,7 @@ import random
 from dataclasses import asdict, dataclass
 
 import pytorch_lightning as pl
+from pytorch_lightning.utilities import rank_zero_warn
 import torch
 import torch.nn.functional as F
 from sacrebleu.metrics import BLEU, CHRF
@@ -12,6 +13,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from ..config_check import check_field_types
 from ..decoding import greedy_search
 from ..model import ModelConfig, build_model
+from .errors import TrainingError
 
 SCHEDULES = ("inverse_sqrt", "cosine")
 
@@ -70,6 +72,7 @@ class TranslationModule(pl.LightningModule):
         self.translations: list[tuple[str, str, str]] = []  # (source, reference, hypothesis) of the last scoring
         self._val_nll, self._val_tokens, self._hypotheses = 0.0, 0, {}
         self._rng_to_restore = None
+        self.skipped_steps, self._skipped_in_a_row = 0, 0  # fp16 steps the gradient scaler skipped
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)
@@ -93,17 +96,43 @@ class TranslationModule(pl.LightningModule):
         loss_sum, tokens = self._loss_sum(batch, self.optim_config.label_smoothing)
         loss = loss_sum / tokens.clamp(min=1)  # per target token
         self.log("train/loss", loss, prog_bar=True, batch_size=int(tokens))
+        self._last_batch = (batch_idx, loss.detach(), batch["index"][:8].tolist())  # named if gradients blow up
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip by global norm (Trainer's gradient_clip_val) and log the norm before clipping."""
+        """Clip by global norm (Trainer's gradient_clip_val) and log the norm before clipping. Runs once per
+        optimizer step, before the step: a non-finite norm stops training before any weight changes."""
         params = [p for p in self.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if not torch.isfinite(norm):
+            self._non_finite_gradients(norm)
+            return
+        self._skipped_in_a_row = 0
         if gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
-            norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
         else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
         self.log("train/grad_norm", norm)
+
+    def _non_finite_gradients(self, norm: torch.Tensor) -> None:
+        """fp16: the gradient scaler skips this step and lowers its scale (counted, and reported when it keeps
+        happening). bf16 and fp32 have no such remedy: stop, naming the step and its examples."""
+        if str(self.trainer.precision).startswith("16"):
+            self.skipped_steps += 1
+            self._skipped_in_a_row += 1
+            self.log("train/skipped_steps", float(self.skipped_steps))
+            if self._skipped_in_a_row == 100:
+                rank_zero_warn(
+                    f"the fp16 gradient scaler has skipped 100 steps in a row (step {self.global_step}): gradients "
+                    "overflow persistently; try trainer.precision=bf16-mixed or a lower optim.lr"
+                )
+            return
+        batch = self._last_batch
+        raise TrainingError(
+            f"non-finite gradient norm ({norm.item()}) at step {self.global_step} (epoch {self.current_epoch}, "
+            f"batch {batch[0]}, loss {batch[1]:.4g}, examples {batch[2]}); no weights were updated and no "
+            "checkpoint written from it: resume from last.ckpt with a lower optim.lr or trainer.precision=32"
+        )
 
     # Validation: loss and perplexity over the whole split; BLEU and chrF from greedy decoding
 
@@ -186,6 +215,7 @@ class TranslationModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rng"] = _rng_state()
         checkpoint["validations"] = self.validations
+        checkpoint["skipped_steps"] = self.skipped_steps
         checkpoint["precision"] = str(self.trainer.precision)  # evaluation decodes as validation did
         data = getattr(self.trainer, "datamodule", None)
         if data is not None:
@@ -196,6 +226,7 @@ class TranslationModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._rng_to_restore = checkpoint.get("rng")
         self.validations = checkpoint.get("validations", 0)
+        self.skipped_steps = checkpoint.get("skipped_steps", 0)
 
     @staticmethod
     def hyperparameters(model: ModelConfig, optim: OptimConfig, validation: ValidationConfig | None = None) -> dict:
