@@ -40,7 +40,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt", required=True)
     parser.add_argument("--split", default=None, help="default: the checkpoint's test split")
-    parser.add_argument("--sentences", type=int, default=500, help="first N sentences of the split")
+    parser.add_argument("--sentences", type=int, default=1000, help="first N sentences of the split")
     parser.add_argument("--reps", type=int, default=3, help="timed passes with the cache (median reported)")
     parser.add_argument("--write", action="store_true", help=f"record the table in {DOC}")
     args = parser.parse_args()

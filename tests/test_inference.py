@@ -10,22 +10,7 @@ from transformer.averaging import average_checkpoints
 from transformer.evaluate import data_config, evaluate
 from transformer.inference import SearchConfig, Translator
 
-from .test_train import run_train, tiny_data, write_word_for_word_corpus
-
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny model trained to translate a word-for-word corpus well; validation (BLEU) at the end."""
-    tmp = tmp_path_factory.mktemp("trained")
-    write_word_for_word_corpus(tmp / "c", 48)
-    trainer = run_train(tmp / "run", [
-        *tiny_data(tmp / "c", tmp / "cache"), "data.vocab_size=320", "model=tiny", "model.d_model=64",
-        "model.d_ff=128", "model.dropout=0.0", "optim.lr=3e-3", "optim.warmup_steps=20", "trainer.precision=bf16-mixed",
-        "trainer.max_epochs=24", "trainer.check_val_every_n_epoch=12", "trainer.enable_progress_bar=false", "~logger",
-    ])  # fmt: skip
-    return tmp, trainer, tmp / "run" / "checkpoints" / "last.ckpt"
 
 
 def test_evaluate_with_greedy_search_reproduces_the_validation_bleu(trained):
@@ -52,7 +37,8 @@ def test_translate_command_gives_one_line_per_input_line_in_order(trained):
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout.split("\n")[:-1]
     assert len(out) == len(lines) and out[1] == "" and out[3] == ""
-    expected = Translator.from_path(str(ckpt)).translate(sources, SearchConfig(beam_size=2), "32")
+    translator = Translator.from_path(str(ckpt))  # the command decodes as training validated: bf16
+    expected = translator.translate(sources, SearchConfig(beam_size=2), translator.trained_precision)
     assert [out[0], out[2], *out[4:-1]] == expected
     assert "tokens was translated up to its first 1023 (model.max_positions)" in result.stderr
 
@@ -73,7 +59,8 @@ def test_evaluate_command_writes_hypotheses_and_scores(trained, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["ckpt_path=/nonexistent.ckpt"], "error: ckpt_path=/nonexistent.ckpt cannot be loaded"),
+        (["ckpt_path=/nonexistent.ckpt"], "error: ckpt_path=/nonexistent.ckpt: no such file"),
+        (["ckpt_path=CKPT", "precision=16"], "error: precision='16' is not one of 32, bf16"),
         (["ckpt_path=CKPT", "split=nosuch"], "error: unknown split 'nosuch'"),
         (["ckpt_path=CKPT", "beam_size=0"], "error: beam_size=0 must be at least 1"),
         (["ckpt_path=CKPT", "data.src=en", "data.tgt=de"], "error: the checkpoint translates de->en"),
@@ -92,15 +79,26 @@ def test_evaluate_bad_input_is_one_line(trained, args, message, tmp_path):
 def test_averaging_is_exact_and_loadable(trained, tmp_path):
     tmp, trainer, ckpt = trained
     first = torch.load(ckpt, weights_only=True)
-    second = {**first, "global_step": first["global_step"] + 1,
-              "state_dict": {k: v + 1 if v.is_floating_point() else v for k, v in first["state_dict"].items()}}  # fmt: skip
-    torch.save(second, tmp_path / "second.ckpt")
-    averaged = average_checkpoints([ckpt, tmp_path / "second.ckpt"])
-    for name, value in first["state_dict"].items():
-        torch.testing.assert_close(averaged["state_dict"][name], value + 0.5 if value.is_floating_point() else value)
-    torch.save(averaged, tmp_path / "avg.pt")
-    result = subprocess.run([sys.executable, "scripts/average_checkpoints.py", str(ckpt), str(tmp_path / "second.ckpt"),
-                             "--output", str(tmp_path / "avg2.pt")], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for shift in (0, 1, 2):  # three steps, the middle one saved twice (a best and an epoch checkpoint)
+        state = {k: v + shift if v.is_floating_point() else v for k, v in first["state_dict"].items()}
+        for name in {f"a{shift}.ckpt", f"b{min(shift, 1)}.ckpt"}:
+            torch.save({**first, "global_step": 10 + shift, "state_dict": state}, folder / name)
+    result = subprocess.run([sys.executable, "scripts/average_checkpoints.py", str(folder), "--last", "2",
+                             "--output", str(tmp_path / "avg.pt")], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    translator = Translator.from_path(str(tmp_path / "avg2.pt"))
-    assert translator.translate(["ein mann"], SearchConfig(beam_size=2), "32")[0] is not None
+    averaged = torch.load(tmp_path / "avg.pt", weights_only=True)
+    assert averaged["global_step"] == 12 and len(averaged["averaged_from"]) == 2  # steps 11 and 12, once each
+    for name, value in first["state_dict"].items():
+        if value.is_floating_point():  # the mean of the two stored tensors, in float64, rounded once
+            value = ((value + 1).double() + (value + 2).double()).div(2).to(value.dtype)
+        assert torch.equal(averaged["state_dict"][name], value), name
+
+    same = average_checkpoints([ckpt, ckpt])  # the average of a checkpoint with itself translates as it does
+    torch.save(same, tmp_path / "same.pt")
+    search = SearchConfig(beam_size=2)
+    sources = (tmp / "c" / "test.de").read_text().splitlines()[:8]
+    assert Translator.from_path(str(tmp_path / "same.pt")).translate(sources, search) == Translator.from_path(
+        str(ckpt)
+    ).translate(sources, search)

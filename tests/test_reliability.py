@@ -1,7 +1,5 @@
 import os
-import pickle
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -65,3 +63,99 @@ def test_crafted_checkpoint_with_code_is_refused(tmp_path):
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.strip().splitlines()[-1].startswith(f"error: ckpt_path={path} is refused: it holds code")
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_corpus_of_bad_lines_is_cleaned_with_counts_and_stays_aligned(tmp_path):
+    from transformer.data import TranslationDataModule
+
+    from .test_data import config
+
+    corpus = write_text_corpus(tmp_path / "c")
+    bad_src = [b"Ein \xff\xfe kaputt.", b"Null\x00 und \x1b[31m farbe.", b"   \t ", b"lang " * 20_000]
+    bad_tgt = [b"Broken \xc3 bytes.", b"Nul\x07 and bell.", b"fine.", b"long " * 20_000]
+    for split in ("train", "val"):
+        for lang, lines, bad in (("de", corpus[split][0], bad_src), ("en", corpus[split][1], bad_tgt)):
+            rows = [line.encode() for line in lines[:5]] + bad + [line.encode() for line in lines[5:]]
+            (tmp_path / "c" / f"{split}.{lang}").write_bytes(b"\n".join(rows) + b"\n")
+    data = TranslationDataModule(config(tmp_path / "c", tmp_path, max_tokens=300))
+    data.setup()
+    stats = data.data.stats
+    assert stats["train"]["repaired"] == {"invalid_utf8": 1, "control_chars": 1, "truncated": 0}
+    assert stats["train"]["dropped"]["empty"] == 1 and stats["train"]["dropped"]["too_long"] == 1
+    assert stats["val"]["kept"] == stats["val"]["pairs"] == len(corpus["val"][0]) + 4  # evaluation keeps all
+    assert stats["val"]["repaired"] == {"invalid_utf8": 1, "control_chars": 1, "truncated": 1}
+    train = data.data.splits["train"]
+    repaired = {("Ein \ufffd\ufffd kaputt.", "Broken \ufffd bytes."), ("Null  und  [31m farbe.", "Nul  and bell.")}
+    kept = list(zip(train["src"], train["tgt"]))
+    assert set(kept) <= set(zip(*corpus["train"])) | repaired  # no line paired with another's translation
+    assert repaired <= set(kept) and len(kept) == stats["train"]["kept"]
+    for loader in (data.train_dataloader(), data.val_dataloader()):
+        assert sum(len(b["index"]) for b in loader) == len(loader.dataset)
+
+
+def test_translate_survives_random_bytes_and_unicode_one_line_out_per_line_in(trained):
+    tmp, trainer, ckpt = trained
+    rng = random.Random(0)
+    lines = []
+    for i in range(300):
+        if i % 2:  # arbitrary bytes, newline excepted (it ends the line)
+            lines.append(bytes(rng.choice([b for b in range(256) if b != 10]) for _ in range(rng.randint(0, 80))))
+        else:  # arbitrary code points from every plane, surrogates excepted (UTF-8 cannot hold them)
+            points = [rng.choice([rng.randint(0, 0x7F), rng.randint(0x80, 0xD7FF), rng.randint(0xE000, 0x10FFFF)])
+                      for _ in range(rng.randint(0, 40))]  # fmt: skip
+            lines.append("".join(chr(p) for p in points if p != 10).encode())
+    stdin = b"\n".join(lines) + b"\n"
+    result = subprocess.run([sys.executable, "-m", "transformer.translate", f"ckpt_path={ckpt}", "beam_size=2"],
+                            input=stdin, capture_output=True, cwd=ROOT, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count(b"\n") == len(lines)
+    blank = [i for i, line in enumerate(lines) if not line.decode("utf-8", "replace").strip()]
+    out = result.stdout.split(b"\n")
+    assert blank and all(out[i] == b"" for i in blank)
+
+
+def test_killed_at_random_moments_and_resumed_the_run_ends_as_if_never_killed(tmp_path):
+    """SIGKILL at random moments of a real training process (three after a random delay, two as soon as a
+    checkpoint's temporary file appears, i.e. mid-write), resuming with ckpt_path=last each time: every kill
+    leaves a loadable last.ckpt, and the final weights equal those of a run never killed."""
+    write_text_corpus(tmp_path / "c")
+    args = [sys.executable, "-m", "transformer.train", "model=tiny", "trainer.precision=32", "trainer.max_steps=200",
+            "trainer.max_epochs=100",
+            "trainer.val_check_interval=10", "callbacks.last_checkpoint.every_n_train_steps=4",
+            "trainer.enable_progress_bar=false", "validation.bleu_max_sentences=5",
+            *tiny_data(tmp_path / "c", tmp_path / "cache")]  # fmt: skip
+
+    def launch(run_dir: Path, resume: bool) -> subprocess.Popen:
+        extra = ["ckpt_path=last"] if resume else []
+        return subprocess.Popen([*args, f"hydra.run.dir={run_dir}", *extra], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+
+    reference = launch(tmp_path / "reference", resume=False)
+    assert reference.wait(timeout=600) == 0, reference.stderr.read()[-2000:]
+
+    rng, run, last = random.Random(0), tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
+    kills, mid_write, plan = 0, 0, ["delay", "write", "delay", "write", "delay"]
+    while True:
+        process = launch(run, resume=last.exists())
+        if kills == len(plan):
+            assert process.wait(timeout=600) == 0, process.stderr.read()[-2000:]
+            break
+        deadline = time.monotonic() + 120
+        while not last.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # training has started once a first checkpoint exists
+        if plan[kills] == "delay":
+            time.sleep(rng.uniform(0, 1.5))
+        else:
+            while process.poll() is None and not list(last.parent.glob(".*.tmp")):
+                pass  # kill as soon as a checkpoint is being written
+            mid_write += process.poll() is None
+        process.kill()
+        process.wait()
+        kills += 1
+        assert torch.load(last, weights_only=True)["global_step"] > 0  # still a whole, loadable checkpoint
+    assert mid_write == 2  # both "write" kills were sent while a checkpoint's temporary file existed
+    final = torch.load(last, weights_only=True)
+    expected = torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert final["global_step"] == expected["global_step"] == 200
+    for name, value in expected["state_dict"].items():
+        torch.testing.assert_close(final["state_dict"][name], value, rtol=1e-5, atol=1e-6, msg=name)

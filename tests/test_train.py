@@ -151,7 +151,11 @@ def runs(tmp_path_factory):
         run_train(tmp / "c", [*common, "+callbacks.signal_at._target_=tests.test_train.SignalAt",
                               "+callbacks.signal_at.step=12"])  # fmt: skip
     c = run_train(tmp / "c", [*common, "ckpt_path=last"])
-    return tmp, a, b, stopped.value.code, c
+    # D: validating at the epoch's last batch only, 16 steps; then resumed from its best checkpoint of step 13
+    run_train(tmp / "d", [*common, "trainer.val_check_interval=13", "trainer.max_steps=16"])
+    (best,) = (tmp / "d" / "checkpoints").glob("epoch0-step13-*.ckpt")
+    d = run_train(tmp / "d2", [*common, f"ckpt_path={best}"])
+    return tmp, a, b, stopped.value.code, {18: b, 13: c, "best": d}
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_with_its_code(runs):
@@ -160,12 +164,13 @@ def test_sigterm_writes_a_checkpoint_and_exits_with_its_code(runs):
     assert b.global_step == 30
 
 
-@pytest.mark.parametrize("stopped_after", [18, 13])  # mid-epoch; at the end of the first epoch
+@pytest.mark.parametrize("stopped_after", [18, 13, "best"])  # mid-epoch; epoch end; a best checkpoint (step 13)
 def test_resumed_run_continues_exactly(runs, stopped_after):
-    tmp, a, b, code, c = runs
-    resumed = {18: b, 13: c}[stopped_after]
+    tmp, a, b, code, resumed_runs = runs
+    resumed = resumed_runs[stopped_after]
     a_record, resumed_record = callback(a, LossRecorder), callback(resumed, LossRecorder)
-    assert sorted(resumed_record.losses) == list(range(stopped_after + 1, 31))  # only the remaining steps
+    first = 14 if stopped_after == "best" else stopped_after + 1
+    assert sorted(resumed_record.losses) == list(range(first, 31))  # only the remaining steps
     for step, loss in resumed_record.losses.items():
         assert resumed_record.batches[step] == a_record.batches[step], step
         assert loss == pytest.approx(a_record.losses[step], rel=1e-6, abs=1e-7), step

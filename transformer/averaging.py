@@ -10,33 +10,36 @@ KEEP = ("hyper_parameters", "tokenizers", "data", "precision", "epoch", "global_
 
 
 def checkpoints_in(folder: Path, last: int) -> list[Path]:
-    """The `last` checkpoints of a run's checkpoints/ folder by training step (last.ckpt excluded: it repeats one)."""
-    found = [(load_checkpoint(str(p))["global_step"], p) for p in folder.glob("*.ckpt") if p.name != "last.ckpt"]
-    if len(found) < last:
-        raise ValueError(f"{folder} holds {len(found)} checkpoints besides last.ckpt; asked to average {last}")
-    return [p for _, p in sorted(found)[-last:]]
+    """The `last` checkpoints of a run's checkpoints/ folder by training step, one per step (a best and an epoch
+    checkpoint of the same step hold the same weights; last.ckpt repeats one of them)."""
+    by_step = {}
+    for path in sorted(folder.glob("*.ckpt")):
+        if path.name != "last.ckpt":
+            by_step.setdefault(load_checkpoint(str(path))["global_step"], path)
+    if len(by_step) < last:
+        raise ValueError(f"{folder} holds checkpoints of {len(by_step)} different steps; asked to average {last}")
+    return [by_step[step] for step in sorted(by_step)[-last:]]
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict:
     """Parameters averaged in float64 and cast back; everything but the weights comes from the newest checkpoint
     (by step). The result has no optimizer or loop state: it is for evaluating and translating, not resuming."""
-    checkpoints = sorted((load_checkpoint(str(p)) for p in paths), key=lambda c: c["global_step"])
-    newest = checkpoints[-1]
-    names = newest["state_dict"].keys()
-    for path, checkpoint in zip(paths, checkpoints):
-        if (
-            checkpoint["hyper_parameters"]["model"] != newest["hyper_parameters"]["model"]
-            or checkpoint["state_dict"].keys() != names
-        ):
-            raise ValueError(f"{path} is a different model than the others; average checkpoints of one run")
+    loaded = sorted(((load_checkpoint(str(p)), p) for p in paths), key=lambda cp: cp[0]["global_step"])
+    newest = loaded[-1][0]
+    for checkpoint, path in loaded:
+        same = checkpoint["hyper_parameters"]["model"] == newest["hyper_parameters"]["model"]
+        if not same or checkpoint["state_dict"].keys() != newest["state_dict"].keys():
+            raise ValueError(f"{path} is a different model than {loaded[-1][1]}; average checkpoints of one run")
+        if checkpoint.get("tokenizers") != newest.get("tokenizers"):
+            raise ValueError(f"{path} has other tokenizers than {loaded[-1][1]}; average checkpoints of one run")
     state = {}
-    for name in names:
-        tensors = [c["state_dict"][name] for c in checkpoints]
-        if tensors[0].is_floating_point():
-            state[name] = torch.stack([t.double() for t in tensors]).mean(0).to(tensors[0].dtype)
+    for name, value in newest["state_dict"].items():
+        tensors = [checkpoint["state_dict"][name] for checkpoint, _ in loaded]
+        if value.is_floating_point():
+            state[name] = torch.stack([t.double() for t in tensors]).mean(0).to(value.dtype)
         else:
-            state[name] = tensors[-1]
+            state[name] = value
     averaged = {k: newest[k] for k in KEEP if k in newest}
     averaged["state_dict"] = state
-    averaged["averaged_from"] = [str(p) for p in paths]
+    averaged["averaged_from"] = [str(p) for _, p in loaded]
     return averaged

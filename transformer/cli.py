@@ -7,6 +7,7 @@ import types
 import typing
 from pathlib import Path
 
+from lightning_fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import OmegaConf
 
 from .data.sources import DataError
@@ -25,7 +26,7 @@ def one_line_errors(main):
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except (DataError, ValueError, FileNotFoundError, TrainingError) as e:
+        except (DataError, ValueError, FileNotFoundError, TrainingError, MisconfigurationException) as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 

@@ -36,6 +36,8 @@ def evaluate(translator: Translator, data: DataConfig, split: str, search: Searc
     if split not in corpus:
         raise DataError(f"unknown split {split!r}; {data.path} has {', '.join(corpus)}")
     sources, references = list(corpus[split]["src"]), list(corpus[split]["tgt"])
+    if not sources:
+        raise DataError(f"split {split!r} of {data.path} is empty; choose another with split=")
     # Batched as the data module batches pairs (by both sides' lengths): bf16 rounding depends on batch
     # shapes, and with search.max_tokens = data.max_tokens a validation split decodes exactly as in training.
     lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(translator.src_tokenizer.encode(sources),
@@ -62,11 +64,11 @@ def main(cfg: DictConfig) -> None:
     max_tokens = cfg.max_tokens or data.max_tokens
     search = SearchConfig(cfg.beam_size, cfg.length_penalty, cfg.max_len_a, cfg.max_len_b, max_tokens)
     result = evaluate(
-        translator, data, cfg.split or data.test_split, search, cfg.precision or translator.trained_precision
+        translator, data, cfg.split or data.test_split, search, str(cfg.precision or translator.trained_precision)
     )
     out = Path(HydraConfig.get().runtime.output_dir)
     name = f"{result['split']}.beam{search.beam_size}"
-    (out / f"{name}.hyp").write_text("".join(h + "\n" for h in result.pop("hypotheses")))
+    (out / f"{name}.hyp").write_text("".join(h.replace("\n", " ") + "\n" for h in result.pop("hypotheses")))
     (out / f"{name}.json").write_text(json.dumps({"checkpoint": str(cfg.ckpt_path), **result}, indent=2) + "\n")
     print(result["bleu_line"])
     print(result["chrf_line"])

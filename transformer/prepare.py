@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 
 def report(prepared: PreparedData, cfg: DataConfig) -> str:
-    """A table: pairs per split, kept and dropped, lengths, batches per epoch, padding fraction."""
+    """A table: pairs per split, kept and dropped (empty, too long, length ratio), repaired (undecodable bytes,
+    control characters, evaluation sequences cut to max_length), lengths, batches per epoch, padding."""
     rows = [
         f"corpus {cfg.path} ({cfg.src}->{cfg.tgt}), cache {prepared.folder}" + (" (reused)" if prepared.reused else ""),
         f"vocabulary: {prepared.src_tokenizer.vocab_size} ({'joint' if cfg.joint_vocab else 'source'})"
@@ -22,8 +23,8 @@ def report(prepared: PreparedData, cfg: DataConfig) -> str:
         + f", {cfg.tokenizer_type}; pad/unk/bos/eos = {prepared.src_tokenizer.pad_id}/{prepared.src_tokenizer.unk_id}"
         f"/{prepared.src_tokenizer.bos_id}/{prepared.src_tokenizer.eos_id}",
         "",
-        f"{'split':<18}{'pairs':>8}{'kept':>8}{'empty':>7}{'long':>6}{'ratio':>7}{'src mean/p95':>14}"
-        f"{'tgt mean/p95':>14}{'batches':>9}{'padding':>9}",
+        f"{'split':<18}{'pairs':>8}{'kept':>8}{'empty':>7}{'long':>6}{'ratio':>7}{'utf8':>6}{'ctrl':>6}{'cut':>5}"
+        f"{'src mean/p95':>14}{'tgt mean/p95':>14}{'batches':>9}{'padding':>9}",
     ]
     train_batches = 1
     for split, s in prepared.stats.items():
@@ -33,9 +34,10 @@ def report(prepared: PreparedData, cfg: DataConfig) -> str:
         ).all_batches(0)
         if split == cfg.train_split:
             train_batches = len(batches)
-        d = s["dropped"]
+        d, r = s["dropped"], s["repaired"]
         rows.append(
             f"{split:<18}{s['pairs']:>8}{s['kept']:>8}{d['empty']:>7}{d['too_long']:>6}{d['length_ratio']:>7}"
+            f"{r['invalid_utf8']:>6}{r['control_chars']:>6}{r['truncated']:>5}"
             f"{s['src_mean']:>8.1f}/{s['src_p95']:<5.0f}{s['tgt_mean']:>8.1f}/{s['tgt_p95']:<5.0f}"
             f"{len(batches):>9}{padding_fraction(batches, lengths):>9.1%}"
         )

@@ -60,6 +60,8 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     )
     lock = RunFolderLock(run_dir) if trainer.is_global_zero else None  # other ranks share rank 0's folder
     try:
+        for stale in (run_dir / "checkpoints").glob(".*.tmp"):  # a checkpoint write cut short by a kill
+            stale.unlink()
         tokenizer_dir = run_dir / "tokenizer"
         tokenizer_dir.mkdir(parents=True, exist_ok=True)
         for tok in {src_tok.path, tgt_tok.path}:

@@ -31,7 +31,11 @@ def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:
 def main(cfg: DictConfig) -> None:
     translator = Translator.from_path(cfg.ckpt_path, cfg.device)
     search = SearchConfig(cfg.beam_size, cfg.length_penalty, cfg.max_len_a, cfg.max_len_b, cfg.max_tokens)
-    precision = cfg.precision or translator.trained_precision
+    precision = str(cfg.precision or translator.trained_precision)  # Hydra reads 32 as a number
+    if cfg.max_lines < 1:
+        raise ValueError(f"max_lines={cfg.max_lines} must be at least 1")
+    if cfg.input and not os.path.isfile(cfg.input):
+        raise FileNotFoundError(f"input={cfg.input} is not a file; give a text file, or none to read standard input")
     fd = os.open(cfg.input, os.O_RDONLY) if cfg.input else sys.stdin.fileno()
     for lines in arriving_lines(fd, cfg.max_lines):
         with warnings.catch_warnings(record=True) as caught:

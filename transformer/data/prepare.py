@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,10 @@ from .sources import load_corpus
 from .tokenizer import SentencePiece, train_sentencepiece
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1  # bump when the encoded layout changes, so old caches are not reused
+FORMAT_VERSION = 2  # bump when the encoded layout or cleaning changes, so old caches are not reused
 DROP_REASONS = ("empty", "too_long", "length_ratio")
+REPAIRS = ("invalid_utf8", "control_chars", "truncated")  # counted per split; lines are kept
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0/C1 controls but tab and newline
 
 
 @dataclass
@@ -79,6 +82,16 @@ def _clean(ds: datasets.Dataset, cfg: DataConfig) -> tuple[datasets.Dataset, dic
     return (ds if keep.all() else ds.select(np.flatnonzero(keep))), dropped
 
 
+def _repairs(ds: datasets.Dataset) -> dict[str, int]:
+    """Pairs with undecodable bytes (read as U+FFFD) and pairs with control characters: kept, repaired."""
+    pairs = list(zip(ds["src"], ds["tgt"]))
+    return {
+        "invalid_utf8": sum("\ufffd" in s or "\ufffd" in t for s, t in pairs),
+        "control_chars": sum(bool(CONTROL.search(s) or CONTROL.search(t)) for s, t in pairs),
+        "truncated": 0,
+    }
+
+
 def _length_stats(ds: datasets.Dataset) -> dict[str, float]:
     stats = {}
     for side in ("src", "tgt"):
@@ -106,23 +119,34 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
          "src_ids": datasets.List(datasets.Value("int32")), "tgt_ids": datasets.List(datasets.Value("int32"))}
     )  # fmt: skip
 
-    def encode(batch):
-        return {**batch, "src_ids": src_tok.encode(batch["src"]), "tgt_ids": tgt_tok.encode(batch["tgt"])}
+    def encode(batch):  # control characters become spaces
+        src, tgt = [CONTROL.sub(" ", t) for t in batch["src"]], [CONTROL.sub(" ", t) for t in batch["tgt"]]
+        return {"src": src, "tgt": tgt, "src_ids": src_tok.encode(src), "tgt_ids": tgt_tok.encode(tgt)}
+
+    def truncate(batch):
+        return {side: [x[: cfg.max_length] for x in batch[side]] for side in ("src_ids", "tgt_ids")}
 
     encoded, stats = {}, {}
     for split, ds in corpus.items():
+        repaired = _repairs(ds)
         big = len(ds) > 500_000  # worker processes pay for themselves only on large corpora
         ds = ds.map(
             encode, batched=True, batch_size=10_000, features=features, num_proc=os.cpu_count() if big else None
         )
         dropped = dict.fromkeys(DROP_REASONS, 0)
-        if split == cfg.train_split:  # validation and test are never cleaned
+        if split == cfg.train_split:
             ds, dropped = _clean(ds, cfg)
+        else:  # evaluation pairs are never dropped; sequences too long to batch are cut to max_length tokens
+            longest = np.maximum(*(pc.list_value_length(ds.data.column(c)).to_numpy() for c in ("src_ids", "tgt_ids")))
+            repaired["truncated"] = int((longest > cfg.max_length).sum())
+            if repaired["truncated"]:
+                ds = ds.map(truncate, batched=True, features=features)
         encoded[split] = ds
         stats[split] = {
             "pairs": len(ds) + sum(dropped.values()),
             "kept": len(ds),
             "dropped": dropped,
+            "repaired": repaired,
             **_length_stats(ds),
         }
         if sum(dropped.values()):

@@ -17,14 +17,15 @@ class DataError(ValueError):
 
 def read_lines(path: Path) -> list[str]:
     """The lines of a plain or gzipped UTF-8 file. Only '\\n' ends a line (str.splitlines would also
-    split on \\x1c, \\u2028 and others, which can misalign the two sides of a corpus)."""
+    split on \\x1c, \\u2028 and others, which can misalign the two sides of a corpus). Bytes that are not
+    UTF-8 become U+FFFD, in their own line only (prepare counts them)."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", newline="") as f:
-        text = f.read()
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
+    with opener(path, "rb") as f:
+        data = f.read()
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
         lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    return [line.decode("utf-8", errors="replace").removesuffix("\r") for line in lines]
 
 
 def _text_file(folder: Path, split: str, lang: str) -> Path | None:

@@ -41,6 +41,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.close(dir_fd)
 
 
+def at_epoch_end(trainer: Trainer) -> bool:
+    """True after the epoch's last training batch, until the epoch ends. Lightning cannot resume exactly from a
+    checkpoint written at that batch's end (it loses the next epoch's first batches; one written after the
+    epoch's validation is fine), so saves due then wait for on_train_epoch_end."""
+    return trainer.state.fn == "fit" and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+
+
 class BestCheckpoint(ModelCheckpoint):
     """The best K checkpoints by a metric that some validations do not log (BLEU is scored every N): those
     validations save nothing here, instead of failing or reusing the previous validation's score."""
@@ -52,12 +59,6 @@ class BestCheckpoint(ModelCheckpoint):
         if self.monitor is not None and self.monitor not in monitor_candidates:
             return
         super()._save_topk_checkpoint(trainer, monitor_candidates)
-
-
-def at_epoch_end(trainer: Trainer) -> bool:
-    """True after the epoch's last training batch, until the epoch ends. Lightning cannot resume exactly from
-    a checkpoint taken here (it skips the next epoch's batches), so such saves wait for on_train_epoch_end."""
-    return trainer.state.fn == "fit" and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -97,12 +98,6 @@ class LastCheckpoint(ModelCheckpoint):
         else:
             self._save_now(trainer)
 
-    def on_validation_end(self, trainer: Trainer, module: LightningModule) -> None:
-        if at_epoch_end(trainer):
-            self._save_at_epoch_end = not trainer.sanity_checking
-            return
-        super().on_validation_end(trainer, module)
-
     def on_train_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:
         if self._save_at_epoch_end:
             self._save_at_epoch_end = False
@@ -137,9 +132,11 @@ class CheckpointOnSignal(Callback):
         stop = self.received is not None
         if trainer.world_size > 1:  # a signal may reach one rank only; all must save and stop together
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if stop and at_epoch_end(trainer):
+        if not stop or (batch_idx + 1) % trainer.accumulate_grad_batches and not at_epoch_end(trainer):
+            return  # go on, or finish the optimizer step's accumulated batches first
+        if at_epoch_end(trainer):
             self._stop_at_epoch_end = True  # after this epoch's validation, if one is due
-        elif stop:
+        else:
             self._save_and_stop(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:

@@ -5,9 +5,9 @@ import random
 from dataclasses import asdict, dataclass
 
 import pytorch_lightning as pl
-from pytorch_lightning.utilities import rank_zero_warn
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.utilities import rank_zero_warn
 from sacrebleu.metrics import BLEU, CHRF
 
 from ..config_check import check_field_types
@@ -44,6 +44,8 @@ class ValidationConfig:
 
     def __post_init__(self):
         check_field_types(self, "validation")
+        if self.bleu_max_sentences is not None and self.bleu_max_sentences < 1:
+            raise ValueError(f"validation.bleu_max_sentences={self.bleu_max_sentences} must be at least 1, or null")
 
 
 def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
@@ -164,8 +166,9 @@ class TranslationModule(pl.LightningModule):
         self._val_nll, self._val_tokens = 0.0, 0
         loss = (sums[0] / sums[1].clamp(min=1)).item()  # NLL per target token over the whole set
         self.log_dict({"val/loss": loss, "val/ppl": math.exp(min(loss, 50))}, prog_bar=True)
-        if self._scoring():
-            bleu, chrf = self._score(self._gather(self._hypotheses))
+        hypotheses = self._gather(self._hypotheses) if self._scoring() else {}
+        if hypotheses:  # none when limit_val_batches left out every sentence below bleu_max_sentences
+            bleu, chrf = self._score(hypotheses)
             self.log_dict({"val/bleu": bleu, "val/chrf": chrf}, prog_bar=True)
         self._hypotheses = {}
         if not self.trainer.sanity_checking:

@@ -37,6 +37,8 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
 
 def load_checkpoint(path: str) -> dict:
     """A checkpoint's contents, loaded without executing code from it; a one-line error if unreadable."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"ckpt_path={path}: no such file")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

@@ -1,0 +1,18 @@
+"""Fixtures shared by several test modules."""
+
+import pytest
+
+from .test_train import run_train, tiny_data, write_word_for_word_corpus
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """A tiny model trained to translate a word-for-word corpus well; validation (BLEU) at the end."""
+    tmp = tmp_path_factory.mktemp("trained")
+    write_word_for_word_corpus(tmp / "c", 48)
+    trainer = run_train(tmp / "run", [
+        *tiny_data(tmp / "c", tmp / "cache"), "data.vocab_size=320", "model=tiny", "model.d_model=64",
+        "model.d_ff=128", "model.dropout=0.0", "optim.lr=3e-3", "optim.warmup_steps=20", "trainer.precision=bf16-mixed",
+        "trainer.max_epochs=24", "trainer.check_val_every_n_epoch=12", "trainer.enable_progress_bar=false", "~logger",
+    ])  # fmt: skip
+    return tmp, trainer, tmp / "run" / "checkpoints" / "last.ckpt"
