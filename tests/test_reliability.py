@@ -119,7 +119,7 @@ def test_killed_at_random_moments_and_resumed_the_run_ends_as_if_never_killed(tm
     checkpoint's temporary file appears, i.e. mid-write), resuming with ckpt_path=last each time: every kill
     leaves a loadable last.ckpt, and the final weights equal those of a run never killed."""
     write_text_corpus(tmp_path / "c")
-    args = [sys.executable, "-m", "transformer.train", "model=tiny", "trainer.precision=32", "trainer.max_steps=200",
+    args = [sys.executable, "-m", "transformer.train", "model=tiny", "trainer.precision=32", "trainer.max_steps=300",
             "trainer.max_epochs=100",
             "trainer.val_check_interval=10", "callbacks.last_checkpoint.every_n_train_steps=4",
             "trainer.enable_progress_bar=false", "validation.bleu_max_sentences=5",
@@ -136,13 +136,16 @@ def test_killed_at_random_moments_and_resumed_the_run_ends_as_if_never_killed(tm
     rng, run, last = random.Random(0), tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
     kills, mid_write, plan = 0, 0, ["delay", "write", "delay", "write", "delay"]
     while True:
+        before = last.stat().st_mtime_ns if last.exists() else None
         process = launch(run, resume=last.exists())
         if kills == len(plan):
             assert process.wait(timeout=600) == 0, process.stderr.read()[-2000:]
             break
         deadline = time.monotonic() + 120
-        while not last.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)  # training has started once a first checkpoint exists
+        while process.poll() is None and time.monotonic() < deadline:
+            if last.exists() and last.stat().st_mtime_ns != before:
+                break  # this run has trained and written a checkpoint of its own
+            time.sleep(0.01)
         if plan[kills] == "delay":
             time.sleep(rng.uniform(0, 1.5))
         else:
@@ -156,6 +159,6 @@ def test_killed_at_random_moments_and_resumed_the_run_ends_as_if_never_killed(tm
     assert mid_write == 2  # both "write" kills were sent while a checkpoint's temporary file existed
     final = torch.load(last, weights_only=True)
     expected = torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert final["global_step"] == expected["global_step"] == 200
+    assert final["global_step"] == expected["global_step"] == 300
     for name, value in expected["state_dict"].items():
         torch.testing.assert_close(final["state_dict"][name], value, rtol=1e-5, atol=1e-6, msg=name)

@@ -119,7 +119,7 @@ class TranslationModule(pl.LightningModule):
     def _non_finite_gradients(self, norm: torch.Tensor) -> None:
         """fp16: the gradient scaler skips this step and lowers its scale (counted, and reported when it keeps
         happening). bf16 and fp32 have no such remedy: stop, naming the step and its examples."""
-        if str(self.trainer.precision).startswith("16"):
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:  # 16-mixed with a grad scaler
             self.skipped_steps += 1
             self._skipped_in_a_row += 1
             self.log("train/skipped_steps", float(self.skipped_steps))
