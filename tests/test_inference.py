@@ -102,3 +102,17 @@ def test_averaging_is_exact_and_loadable(trained, tmp_path):
     assert Translator.from_path(str(tmp_path / "same.pt")).translate(sources, search) == Translator.from_path(
         str(ckpt)
     ).translate(sources, search)
+
+
+def test_translate_answers_each_line_as_it_arrives(trained):
+    tmp, trainer, ckpt = trained
+    process = subprocess.Popen([sys.executable, "-m", "transformer.translate", f"ckpt_path={ckpt}", "beam_size=2"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)  # fmt: skip
+    try:
+        for line in (tmp / "c" / "test.de").read_text().splitlines()[:3]:
+            process.stdin.write(line.encode() + b"\n")
+            process.stdin.flush()  # the pipe stays open: an answer must come before any further input
+            assert process.stdout.readline().strip()
+    finally:
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0

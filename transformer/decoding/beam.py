@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..model import EncoderDecoder
@@ -71,27 +72,32 @@ def beam_search(
     src_len = src.ne(model.pad_id).sum(dim=1)  # (B,)
     max_len = (src_len.double() * max_len_a + max_len_b).long()  # float64, int(): as Python computes it
     max_len = max_len.clamp(0, model.tgt_embed.max_positions)  # (B,)
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    for b in max_len.eq(0).nonzero().squeeze(1).tolist():
-        finished[b].append(Hypothesis([], 0.0))
+    steps = int(max_len.max()) if B else 0
+
+    # Finished hypotheses per sentence, best first: scores (-inf: none yet), tokens (-1 after the end), lengths.
+    fin_scores = torch.full((B, K), float("-inf"), device=device)  # (B, K)
+    fin_tokens = torch.full((B, K, max(steps, 1)), -1, dtype=torch.long, device=device)  # (B, K, steps)
+    fin_scores[max_len.eq(0), 0] = 0.0  # no tokens allowed: one empty hypothesis
 
     rows = max_len.gt(0).nonzero().squeeze(1)  # (n,) batch index of each unfinished sentence
-    steps = int(max_len.max()) if len(rows) else 0
-    memory, src_padding = model.encode(src[rows]) if steps else (None, None)  # (n, S, d), (n, S) or None
-    if steps:
-        memory = memory.repeat_interleave(K, dim=0)  # (n*K, S, d): beam k of sentence i is row i*K + k
-        src_padding = None if src_padding is None else src_padding.repeat_interleave(K, dim=0)
+    if len(rows):
+        memory, src_padding = model.encode(src[rows])  # (n, S, d), (n, S) or None
     n = len(rows)
-    bar = torch.full((B,), float("-inf"), device=device)  # (B,) the worst kept score once K are finished
-    prefix = torch.full((n * K, 1), bos_id, dtype=torch.long, device=device)  # (n*K, t + 1) BOS + tokens
+    prefix = torch.full((n, 1), bos_id, dtype=torch.long, device=device)  # (n*K, t + 1) BOS + tokens; n at t = 0
     scores = torch.full((n, K), float("-inf"), device=device)  # (n, K) summed log-probabilities
     scores[:, 0] = 0.0  # one live beam per sentence on the first step
     cache = model.new_cache() if use_cache else None
     C = min(2 * K, K * model.output.out_features)  # candidates per sentence and step
-    for t in range(steps):
+    for t in range(steps if n else 0):
         n = len(rows)
         tgt = prefix[:, -1:] if use_cache else prefix
-        logits = model.decode(tgt, memory, src_padding, cache)[:, -1]  # (n*K, V)
+        logits = model.decode(tgt, memory, src_padding, cache)[:, -1]  # (n*K, V); (n, V) at t = 0
+        if t == 0:  # the encoder output was projected once per sentence; now each sentence gets K beams
+            beams = torch.arange(n, device=device).repeat_interleave(K)  # (n*K,)
+            logits, prefix, memory = logits[beams], prefix[beams], memory[beams]
+            src_padding = None if src_padding is None else src_padding[beams]
+            if cache is not None:
+                cache.reorder(beams)
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(n, K, -1)  # (n, K, V)
         V = lprobs.size(-1)
         cand = (scores[:, :, None] + lprobs).view(n, K * V)
@@ -102,30 +108,27 @@ def beam_search(
         ends = (is_eos | at_limit) & top_scores.isfinite()
         ends[:, K:] = False  # only the best K candidates can finish (fairseq)
 
-        # finish: one nonzero() for the whole batch, then a short loop over what it found
-        i, j = ends.nonzero().unbind(1)  # (m,), (m,)
-        if len(i):
-            seqs = prefix[i * K + beam[i, j], 1:].tolist()
-            norm = float(t + 1) ** length_penalty
-            touched = rows[i].tolist()
-            for r, seq, tok, score in zip(touched, seqs, token[i, j].tolist(), top_scores[i, j].tolist(), strict=True):
-                hyps = finished[r]
-                hyps.append(Hypothesis(seq if tok == eos_id else seq + [tok], score / norm))
-                hyps.sort(key=lambda h: h.score, reverse=True)  # stable: earlier first among equals
-                del hyps[K:]
-            touched = sorted(set(touched))
-            worst = [finished[r][-1].score if len(finished[r]) == K else float("-inf") for r in touched]
-            bar[torch.tensor(touched, device=device)] = torch.tensor(worst, device=device)
+        # finish: merge the ending candidates into each sentence's K best finished, all sentences at once
+        source = torch.arange(n, device=device)[:, None] * K + beam  # (n, C) rows of prefix
+        seqs = torch.cat([prefix[source][:, :, 1:], token[:, :, None]], dim=2)  # (n, C, t + 1)
+        seqs[:, :, t].masked_fill_(is_eos, -1)  # an EOS is not a token of the hypothesis
+        seqs = F.pad(seqs, (0, fin_tokens.size(2) - t - 1), value=-1)  # (n, C, steps)
+        ended = top_scores.masked_fill(~ends, float("-inf")) / float(t + 1) ** length_penalty  # (n, C)
+        merged = torch.cat([fin_scores[rows], ended], dim=1)  # (n, K + C): finished first, so ties keep them
+        order = merged.sort(dim=1, descending=True, stable=True).indices[:, :K]  # (n, K)
+        fin_scores[rows] = merged.gather(1, order)
+        all_tokens = torch.cat([fin_tokens[rows], seqs], dim=1)  # (n, K + C, steps)
+        fin_tokens[rows] = all_tokens.gather(1, order[:, :, None].expand(-1, -1, all_tokens.size(2)))
 
         # the best K candidates that do not end with EOS stay live
         live_scores = top_scores.masked_fill(is_eos, float("-inf"))
         pick = (is_eos.long() * C + torch.arange(C, device=device)).topk(K, dim=1, largest=False).indices  # (n, K)
         scores = live_scores.gather(1, pick)  # (n, K)
-        order = torch.arange(n, device=device)[:, None] * K + beam.gather(1, pick)  # (n, K) rows of prefix to extend
+        order = source.gather(1, pick)  # (n, K) rows of prefix to extend
         new_tokens = token.gather(1, pick)  # (n, K)
 
         best_live = scores[:, 0] / float(t + 1) ** length_penalty  # (n,) at its current length
-        going = best_live.gt(bar[rows]) & max_len[rows].gt(t + 1)
+        going = best_live.gt(fin_scores[rows, K - 1]) & max_len[rows].gt(t + 1)  # worst kept: -inf until K
         keep = going.nonzero().squeeze(1)  # (n',) sentences going on
         if len(keep) == 0:
             break
@@ -139,4 +142,7 @@ def beam_search(
         if cache is not None:
             cache.reorder(order)
 
-    return [hyps[:nbest] for hyps in finished]
+    results, inf = [], float("inf")
+    for scores_b, tokens_b in zip(fin_scores[:, :nbest].tolist(), fin_tokens[:, :nbest].tolist()):
+        results.append([Hypothesis([x for x in seq if x >= 0], s) for s, seq in zip(scores_b, tokens_b) if s > -inf])
+    return results
