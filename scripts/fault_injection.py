@@ -70,7 +70,7 @@ def main():
         while not written_since(last, before) and process.poll() is None:
             time.sleep(0.01)  # until this run has trained and written a checkpoint of its own
         if kind == "SIGKILL while a checkpoint is written":
-            while process.poll() is None and not list(last.parent.glob(".*.tmp")):
+            while process.poll() is None and not list(last.parent.glob(".last.ckpt.*.tmp")):
                 pass
         else:
             time.sleep(rng.uniform(0.2, 2.0))

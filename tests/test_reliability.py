@@ -149,7 +149,7 @@ def test_killed_at_random_moments_and_resumed_the_run_ends_as_if_never_killed(tm
         if plan[kills] == "delay":
             time.sleep(rng.uniform(0, 1.5))
         else:
-            while process.poll() is None and not list(last.parent.glob(".*.tmp")):
+            while process.poll() is None and not list(last.parent.glob(".last.ckpt.*.tmp")):
                 pass  # kill as soon as a checkpoint is being written
             mid_write += process.poll() is None
         process.kill()
@@ -162,3 +162,25 @@ def test_killed_at_random_moments_and_resumed_the_run_ends_as_if_never_killed(tm
     assert final["global_step"] == expected["global_step"] == 300
     for name, value in expected["state_dict"].items():
         torch.testing.assert_close(final["state_dict"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_second_training_command_on_a_folder_in_use_changes_nothing_there(tmp_path):
+    write_text_corpus(tmp_path / "c")
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "transformer.train", "model=tiny", "trainer.max_steps=100000",
+                              f"hydra.run.dir={run}", *tiny_data(tmp_path / "c", tmp_path / "cache")],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        while not (run / "tokenizer").exists():  # the first run holds the lock by then
+            assert first.poll() is None
+            time.sleep(0.1)
+        config = (run / ".hydra" / "overrides.yaml").read_text()
+        second = subprocess.run([sys.executable, "-m", "transformer.train", "model=tiny", "optim.lr=0.5",
+                                 f"hydra.run.dir={run}", *tiny_data(tmp_path / "c", tmp_path / "cache")],
+                                cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert second.stderr.strip().splitlines()[-1].startswith(f"error: {run} is in use by a training run (pid ")
+        assert (run / ".hydra" / "overrides.yaml").read_text() == config  # the first run's record is intact
+    finally:
+        first.kill()
+        first.wait()

@@ -33,18 +33,19 @@ def one_line_errors(main):
     return wrapper
 
 
-def check_overrides(config_name: str, argv: list[str]) -> None:
+def check_overrides(config_name: str, argv: list[str]):
     """Compose the config once with the command line's overrides, so that an unknown key or group option
-    fails in one line (Hydra's own report spans several). Flags (-m, --cfg, ...) are left to Hydra."""
+    fails in one line (Hydra's own report spans several); returns it, with its hydra node. Flags (-m, --cfg,
+    ...) are left to Hydra (None is returned)."""
     if any(arg.startswith("-") for arg in argv):
-        return
+        return None
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose(config_name, overrides=argv)
+            cfg = compose(config_name, overrides=argv, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         print(f"error: {' '.join(lines)}", file=sys.stderr)
@@ -53,6 +54,7 @@ def check_overrides(config_name: str, argv: list[str]) -> None:
     if missing:
         print(f"error: {missing[0]} is required: add {missing[0]}=...", file=sys.stderr)
         sys.exit(2)
+    return cfg
 
 
 def _accepts(annotation) -> list | None:

@@ -68,7 +68,7 @@ def main(cfg: DictConfig) -> None:
     )
     out = Path(HydraConfig.get().runtime.output_dir)
     name = f"{result['split']}.beam{search.beam_size}"
-    (out / f"{name}.hyp").write_text("".join(h.replace("\n", " ") + "\n" for h in result.pop("hypotheses")))
+    (out / f"{name}.hyp").write_text("".join(" ".join(h.splitlines()) + "\n" for h in result.pop("hypotheses")))
     (out / f"{name}.json").write_text(json.dumps({"checkpoint": str(cfg.ckpt_path), **result}, indent=2) + "\n")
     print(result["bleu_line"])
     print(result["chrf_line"])

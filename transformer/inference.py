@@ -53,7 +53,12 @@ class Translator:
 
     @classmethod
     def from_path(cls, path: str, device: str = "cpu") -> "Translator":
-        return cls(load_checkpoint(path), path, device)
+        checkpoint = load_checkpoint(path)
+        try:
+            return cls(checkpoint, path, device)
+        except (KeyError, TypeError, RuntimeError) as e:
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise ValueError(f"ckpt_path={path} is not a usable checkpoint of this project ({reason})") from None
 
     def translate(self, texts: list[str], search: SearchConfig, precision: str = "32", batches=None) -> list[str]:
         """One translation per text, in order; empty texts give empty translations."""
@@ -63,7 +68,7 @@ class Translator:
             message = f"an input of {length} tokens was translated up to its first {longest} (model.max_positions)"
             warnings.warn(message, stacklevel=2)
         hypotheses = self.search([s[: self.max_source_tokens] for s in ids], search, precision, batches)
-        outputs = self.tgt_tokenizer.decode([h[0].tokens for h in hypotheses])
+        outputs = self.tgt_tokenizer.decode([h[0].tokens if h else [] for h in hypotheses])  # none: non-finite scores
         return ["" if not text.strip() else out for text, out in zip(texts, outputs)]
 
     def search(self, sources: list[list[int]], search: SearchConfig, precision: str = "32", batches=None):

@@ -1,5 +1,6 @@
 """python -m transformer.train [experiment=...] [key=value ...]: train a model, every knob a Hydra override."""
 
+import os
 import shutil
 import sys
 import warnings
@@ -15,6 +16,7 @@ from .data import DataConfig, TranslationDataModule
 from .model import ModelConfig
 from .training import OptimConfig, TranslationModule, ValidationConfig
 from .training.checkpoint import AtomicCheckpointIO, RunFolderLock
+from .training.errors import TrainingError
 from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path
 
 # The data module restores the batch sampler's position itself, which Lightning cannot see.
@@ -79,6 +81,19 @@ def main(cfg: DictConfig) -> None:
     train(cfg, Path(HydraConfig.get().runtime.output_dir))
 
 
+def check_run_folder_free(cfg) -> None:
+    """Refuse before Hydra writes its .hydra/ and log into a run folder that a running training holds."""
+    if cfg is None or os.environ.get("LOCAL_RANK", "0") != "0":  # DDP ranks started by Lightning share it
+        return
+    run_dir = Path(cfg.hydra.run.dir)
+    if (run_dir / ".lock").exists():
+        try:
+            RunFolderLock(run_dir).release()
+        except TrainingError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+
 if __name__ == "__main__":
-    check_overrides("train", sys.argv[1:])
+    check_run_folder_free(check_overrides("train", sys.argv[1:]))
     main()

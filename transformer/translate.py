@@ -43,8 +43,12 @@ def main(cfg: DictConfig) -> None:
             translations = translator.translate(lines, search, precision)
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
-        sys.stdout.write("".join(t.replace("\n", " ") + "\n" for t in translations))
-        sys.stdout.flush()
+        try:  # one line each: any line separator a translation holds becomes a space
+            sys.stdout.write("".join(" ".join(t.splitlines()) + "\n" for t in translations))
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader has gone (e.g. `| head`)
+            sys.stderr.close()
+            os._exit(0)
 
 
 if __name__ == "__main__":

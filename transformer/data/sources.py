@@ -134,4 +134,13 @@ def load_corpus(cfg: DataConfig) -> tuple[datasets.DatasetDict, str]:
         raise DataError(
             f"split {cfg.train_split!r} not found in {cfg.path} (found {', '.join(corpus)}); set data.train_split"
         )
-    return datasets.DatasetDict(corpus), digest.hexdigest()[:16]
+    return datasets.DatasetDict({split: _as_text(ds) for split, ds in corpus.items()}), digest.hexdigest()[:16]
+
+
+def _as_text(ds: datasets.Dataset) -> datasets.Dataset:
+    """Tables may hold empty (null) or non-text cells: they become "" and str(value), so that cleaning sees
+    text (an empty pair is then dropped from training and counted)."""
+    if all(isinstance(x, str) for side in ("src", "tgt") for x in ds[side]):
+        return ds
+    return ds.map(lambda b: {side: ["" if x is None else str(x) for x in b[side]] for side in ("src", "tgt")},
+                  batched=True)  # fmt: skip

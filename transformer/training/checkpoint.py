@@ -1,6 +1,7 @@
 """Checkpoints that survive interruption: atomic writes, best-by-BLEU, a checkpoint on SIGTERM or Ctrl-C."""
 
 import fcntl
+import math
 import os
 import signal
 import tempfile
@@ -25,6 +26,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it private; a checkpoint gets the usual file mode
         try:
             with os.fdopen(fd, "wb") as f:
                 torch.save(checkpoint, f)
@@ -46,6 +50,17 @@ def at_epoch_end(trainer: Trainer) -> bool:
     checkpoint written at that batch's end (it loses the next epoch's first batches; one written after the
     epoch's validation is fine), so saves due then wait for on_train_epoch_end."""
     return trainer.state.fn == "fit" and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+
+
+def validation_due(trainer: Trainer, batch_idx: int) -> bool:
+    """True when a validation runs after this training batch (mid-epoch, by val_check_interval). A checkpoint
+    written before it would resume past it: that validation, its BLEU and best checkpoint would be lost."""
+    every = trainer.val_check_batch
+    if not trainer.enable_validation or every is None or math.isinf(every) or at_epoch_end(trainer):
+        return False
+    if trainer.check_val_every_n_epoch is None:  # validation every N steps across epochs
+        return trainer.global_step % every == 0
+    return (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch == 0 and (batch_idx + 1) % every == 0
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -90,9 +105,11 @@ class LastCheckpoint(ModelCheckpoint):
         if self._last_global_step_saved != trainer.global_step and not trainer.fast_dev_run:
             self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
 
-    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, *args, **kwargs) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs, batch, batch_idx: int) -> None:
         if not self.save_every_n_steps or trainer.global_step % self.save_every_n_steps:
             return
+        if validation_due(trainer, batch_idx):
+            return  # last.ckpt is written after that validation
         if at_epoch_end(trainer):
             self._save_at_epoch_end = True
         else:
@@ -116,12 +133,17 @@ class CheckpointOnSignal(Callback):
     def __init__(self):
         self.received: int | None = None
         self.exit_code: int | None = None
-        self._stop_at_epoch_end = False
+        self._stop_at_epoch_end = self._stop_after_validation = False
+
+    def on_sanity_check_start(self, trainer: Trainer, module: LightningModule) -> None:
+        self.on_train_start(trainer, module)
 
     def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
         # Lightning restores the handlers it found before fit when fit ends.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
+        if self.received is not None:  # signalled during the sanity check: nothing trained, nothing to save
+            raise SystemExit(128 + self.received)
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None and signum == signal.SIGINT:
@@ -136,7 +158,13 @@ class CheckpointOnSignal(Callback):
             return  # go on, or finish the optimizer step's accumulated batches first
         if at_epoch_end(trainer):
             self._stop_at_epoch_end = True  # after this epoch's validation, if one is due
+        elif validation_due(trainer, batch_idx):
+            self._stop_after_validation = True  # resuming would skip it: validate first
         else:
+            self._save_and_stop(trainer)
+
+    def on_validation_end(self, trainer: Trainer, module: LightningModule) -> None:
+        if self._stop_after_validation:
             self._save_and_stop(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:
