@@ -155,7 +155,12 @@ def runs(tmp_path_factory):
     run_train(tmp / "d", [*common, "trainer.val_check_interval=13", "trainer.max_steps=16"])
     (best,) = (tmp / "d" / "checkpoints").glob("epoch0-step13-*.ckpt")
     d = run_train(tmp / "d2", [*common, f"ckpt_path={best}"])
-    return tmp, a, b, stopped.value.code, {18: b, 13: c, "best": d}
+    # E: SIGTERM during step 10, after which a validation is due: it runs before the checkpoint
+    with pytest.raises(SystemExit):
+        run_train(tmp / "e", [*common, "+callbacks.signal_at._target_=tests.test_train.SignalAt",
+                              "+callbacks.signal_at.step=9"])  # fmt: skip
+    e = run_train(tmp / "e", [*common, "ckpt_path=last"])
+    return tmp, a, b, stopped.value.code, {18: b, 13: c, "best": d, 10: e}
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_with_its_code(runs):
@@ -164,7 +169,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_with_its_code(runs):
     assert b.global_step == 30
 
 
-@pytest.mark.parametrize("stopped_after", [18, 13, "best"])  # mid-epoch; epoch end; a best checkpoint (step 13)
+@pytest.mark.parametrize("stopped_after", [18, 13, "best", 10])  # mid-epoch; epoch end; best (13); before validation
 def test_resumed_run_continues_exactly(runs, stopped_after):
     tmp, a, b, code, resumed_runs = runs
     resumed = resumed_runs[stopped_after]
@@ -197,11 +202,12 @@ def scalars(run_dir: Path) -> EventAccumulator:
     return events
 
 
-def test_resumed_run_continues_the_same_tensorboard_curves(runs):
+@pytest.mark.parametrize("run", ["b", "e"])
+def test_resumed_run_continues_the_same_tensorboard_curves(runs, run):
     tmp, a, b, code, _ = runs
-    steps = [e.step for e in scalars(tmp / "b").Scalars("train/loss")]
-    assert steps == [e.step for e in scalars(tmp / "a").Scalars("train/loss")]  # one curve, no second from 0
-    assert len(list((tmp / "b" / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    for tag in ("train/loss", "val/bleu"):  # one curve, no second from 0; no validation lost to the stop
+        assert [e.step for e in scalars(tmp / run).Scalars(tag)] == [e.step for e in scalars(tmp / "a").Scalars(tag)]
+    assert len(list((tmp / run / "tensorboard").glob("events.out.tfevents.*"))) == 2
 
 
 def test_tensorboard_holds_scalars_text_and_attention_images(runs):
