@@ -25,7 +25,6 @@ from transformer.model.attention import MultiHeadAttention, explicit_is_faster
 
 SHAPES = {"short": dict(B=64, T=32, d=256, h=8), "long": dict(B=4, T=1024, d=512, h=8)}
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- bench_attention:begin -->", "<!-- bench_attention:end -->"
 
 
 class NaiveAttention(nn.Module):
@@ -134,8 +133,11 @@ def machine() -> str:
     return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, Python {platform.python_version()}"
 
 
-def record(section: str, begin: str, end: str) -> None:
-    """Put section (which starts with begin and ends with end) in docs/benchmarks.md, replacing its old run."""
+def record(name: str, heading: str, body: str) -> None:
+    """Put a benchmark's section in docs/benchmarks.md between its markers, replacing its previous run:
+    `## heading`, then "Measured DATE on MACHINE" followed by body (which goes on from there)."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    section = f"{begin}\n## {heading}\n\nMeasured {date.today()} on {machine()}{body}\n{end}"
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
     if begin in text:
         text = text[: text.index(begin)] + section + text[text.index(end) + len(end) :]
@@ -169,16 +171,16 @@ def main():
     table = "\n".join(rows)
     kernels = "\n".join(kernel_table(args.reps))
     if args.write:
-        section = (
-            f"{BEGIN}\n## Attention: forward+backward (`python scripts/bench_attention.py --write`)\n\n"
-            f"Measured {date.today()} on {machine()}; median of {args.reps} timed windows after warm-up, "
+        record(
+            "bench_attention",
+            "Attention: forward+backward (`python scripts/bench_attention.py --write`)",
+            f"; median of {args.reps} timed windows after warm-up, "
             "all implementations interleaved in the same run. Ratios above 1x mean ours is faster.\n\n"
             f"The module (in-projection, attention, out-projection):\n\n{table}\n\n"
             "The attention core alone (no projections), 8,192 tokens a batch, 4 heads of 64, padding mask; "
             "this is what `backend=auto` chooses from on a CPU (`explicit_is_faster` in "
-            f"`transformer/model/attention.py`):\n\n{kernels}\n{END}"
+            f"`transformer/model/attention.py`):\n\n{kernels}",
         )
-        record(section, BEGIN, END)
 
 
 if __name__ == "__main__":

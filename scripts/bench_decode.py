@@ -12,7 +12,6 @@ import statistics
 import sys
 import time
 from dataclasses import replace
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -21,8 +20,6 @@ from bench_attention import DOC, machine, record  # noqa: E402
 
 from transformer.data import DataConfig, load_corpus  # noqa: E402
 from transformer.inference import SearchConfig, Translator  # noqa: E402
-
-BEGIN, END = "<!-- bench_decode:begin -->", "<!-- bench_decode:end -->"
 
 
 def time_search(translator: Translator, sources: list[list[int]], search: SearchConfig, precision: str, reps: int):
@@ -68,15 +65,15 @@ def main():
                 )
                 print(rows[-1], flush=True)
     if args.write:
-        section = (
-            f"{BEGIN}\n## Decoding (`python scripts/bench_decode.py --ckpt CKPT --write`)\n\n"
-            f"Measured {date.today()} on {machine()}: the first {len(sources)} sentences of `{split}` "
+        record(
+            "bench_decode",
+            "Decoding (`python scripts/bench_decode.py --ckpt CKPT --write`)",
+            f": the first {len(sources)} sentences of `{split}` "
             f"({data.src}->{data.tgt}), checkpoint `{args.ckpt}` (model {translator.model_config.d_model}-d, "
             f"{translator.model_config.n_encoder_layers}+{translator.model_config.n_decoder_layers} layers), "
             f"length-sorted batches of up to 8,192 source tokens; median of {args.reps} passes with the cache, "
-            "one without. Target tokens count the EOS.\n\n" + "\n".join(rows) + f"\n{END}"
+            "one without. Target tokens count the EOS.\n\n" + "\n".join(rows),
         )
-        record(section, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
-from datetime import date
 from pathlib import Path
 
 import torch
@@ -26,8 +25,6 @@ from bench_attention import machine, record  # noqa: E402
 
 from transformer.data import DataConfig, TranslationDataModule  # noqa: E402
 from transformer.model import ModelConfig, build_model  # noqa: E402
-
-BEGIN, END = "<!-- bench_train:begin -->", "<!-- bench_train:end -->"
 
 
 class TorchTransformer(nn.Module):
@@ -114,14 +111,14 @@ def main():
             rows.append(f"| {size} | {precision} | {ours:.0f} | {peer:.0f} | {ours / peer:.2f}x |")
             print(rows[-1], flush=True)
     if args.write:
-        section = (
-            f"{BEGIN}\n## Training step (`python scripts/bench_train.py --sizes {' '.join(args.sizes)} --write`)\n\n"
-            f"Measured {date.today()} on {machine()}: Multi30k de-en, the first epoch's token batches "
+        record(
+            "bench_train",
+            f"Training step (`python scripts/bench_train.py --sizes {' '.join(args.sizes)} --write`)",
+            ": Multi30k de-en, the first epoch's token batches "
             f"(max_tokens=4096), identical for both models; forward, label-smoothed loss, backward and AdamW step; "
             f"median of {args.windows} interleaved windows of {args.batches} batches after warm-up. "
-            "Target tokens exclude padding.\n\n" + "\n".join(rows) + f"\n{END}"
+            "Target tokens exclude padding.\n\n" + "\n".join(rows),
         )
-        record(section, BEGIN, END)
 
 
 if __name__ == "__main__":

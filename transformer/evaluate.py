@@ -6,13 +6,12 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 import hydra
-import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
 from .cli import check_overrides, one_line_errors
-from .data import DataConfig, DataError, TokenBatchSampler, load_corpus
+from .data import DataConfig, DataError, load_corpus
 from .inference import SearchConfig, Translator
 
 
@@ -38,13 +37,10 @@ def evaluate(translator: Translator, data: DataConfig, split: str, search: Searc
     sources, references = list(corpus[split]["src"]), list(corpus[split]["tgt"])
     if not sources:
         raise DataError(f"split {split!r} of {data.path} is empty; choose another with split=")
-    # Batched as the data module batches pairs (by both sides' lengths): bf16 rounding depends on batch
-    # shapes, and with search.max_tokens = data.max_tokens a validation split decodes exactly as in training.
-    lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(translator.src_tokenizer.encode(sources),
-                                                         translator.tgt_tokenizer.encode(references))]  # fmt: skip
-    max_tokens = max(search.max_tokens, *(max(pair) for pair in lengths))
-    batches = [b.tolist() for b in TokenBatchSampler(np.array(lengths), max_tokens, shuffle=False).all_batches(0)]
-    hypotheses = translator.translate(sources, search, precision, batches)
+    # Batched by both sides' lengths, as validation batches pairs: with search.max_tokens = data.max_tokens,
+    # a validation split decodes exactly as in training.
+    target_lengths = [len(t) + 1 for t in translator.tgt_tokenizer.encode(references)]  # BOS + target
+    hypotheses = translator.translate(sources, search, precision, target_lengths)
     bleu, chrf = BLEU(), CHRF()
     bleu_score, chrf_score = bleu.corpus_score(hypotheses, [references]), chrf.corpus_score(hypotheses, [references])
     return {

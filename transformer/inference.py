@@ -4,8 +4,10 @@ import contextlib
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from .data.batching import TokenBatchSampler
 from .data.tokenizer import SentencePiece
 from .decoding import Hypothesis, beam_search, greedy_search
 from .model import ModelConfig, build_model
@@ -46,7 +48,6 @@ class Translator:
         self.src_tokenizer = SentencePiece(model=checkpoint["tokenizers"]["src"])
         self.tgt_tokenizer = SentencePiece(model=checkpoint["tokenizers"]["tgt"])
         self.data = checkpoint.get("data", {})
-        self.validation = hparams.get("validation", {})
         self.trained_precision = "bf16" if "bf16" in checkpoint.get("precision", "32") else "32"
         self.device = torch.device(device)
         self.max_source_tokens = self.model_config.max_positions - 1  # one position for EOS
@@ -60,20 +61,24 @@ class Translator:
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ValueError(f"ckpt_path={path} is not a usable checkpoint of this project ({reason})") from None
 
-    def translate(self, texts: list[str], search: SearchConfig, precision: str = "32", batches=None) -> list[str]:
-        """One translation per text, in order; empty texts give empty translations."""
+    def translate(
+        self, texts: list[str], search: SearchConfig, precision: str = "32", target_lengths=None
+    ) -> list[str]:
+        """One translation per text, in order; empty texts give empty translations. `target_lengths`: see search."""
         ids = self.src_tokenizer.encode(texts)
         longest = self.max_source_tokens
         for length in [len(s) for s in ids if len(s) > longest]:
             message = f"an input of {length} tokens was translated up to its first {longest} (model.max_positions)"
             warnings.warn(message, stacklevel=2)
-        hypotheses = self.search([s[: self.max_source_tokens] for s in ids], search, precision, batches)
+        hypotheses = self.search([s[:longest] for s in ids], search, precision, target_lengths)
         outputs = self.tgt_tokenizer.decode([h[0].tokens if h else [] for h in hypotheses])  # none: non-finite scores
         return ["" if not text.strip() else out for text, out in zip(texts, outputs)]
 
-    def search(self, sources: list[list[int]], search: SearchConfig, precision: str = "32", batches=None):
-        """Best hypotheses per source (ids without EOS), in input order. `batches` (lists of indices into
-        sources) default to length-sorted ones of up to search.max_tokens padded source tokens."""
+    def search(self, sources: list[list[int]], search: SearchConfig, precision: str = "32", target_lengths=None):
+        """Best hypotheses per source (ids without EOS), in input order. Batches are length-sorted and hold up
+        to search.max_tokens padded tokens, packed by the data module's TokenBatchSampler: by the sources, or,
+        given each reference's length as batched (BOS + target, see example_lengths), by both sides as validation packs pairs (bf16 rounding
+        depends on batch shapes, so a validation split then decodes exactly as in training)."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
         eos, pad = self.src_tokenizer.eos_id, self.model_config.pad_id
@@ -81,7 +86,11 @@ class Translator:
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
         )
-        for batch in length_batches(sources, search.max_tokens) if batches is None else batches:
+        source_lengths = [len(s) + 1 for s in sources]  # with EOS
+        lengths = np.stack([source_lengths, source_lengths if target_lengths is None else target_lengths], axis=1)
+        max_tokens = max(search.max_tokens, int(lengths.max(initial=0)))  # one overlong pair: a batch of its own
+        for batch in TokenBatchSampler(lengths, max_tokens, shuffle=False).all_batches(0):
+            batch = batch.tolist()
             longest = max(len(sources[i]) for i in batch) + 1
             src = torch.full((len(batch), longest), pad, dtype=torch.long)  # (B, S) right-padded
             for row, i in enumerate(batch):
@@ -101,16 +110,3 @@ class Translator:
             self.model, src, bos, eos, beam_size=search.beam_size, length_penalty=search.length_penalty,
             max_len_a=search.max_len_a, max_len_b=search.max_len_b, use_cache=search.use_cache,
         )  # fmt: skip
-
-
-def length_batches(sources: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Indices of sources in batches of similar length, each holding at most max_tokens padded tokens
-    (sources plus EOS); one source per batch at least."""
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * (len(sources[i]) + 1) <= max_tokens:
-            batches[-1].append(i)  # ascending lengths: the newest source is the longest
-        else:
-            batches.append([i])
-    return batches

@@ -25,7 +25,6 @@ from .tokenizer import SentencePiece, train_sentencepiece
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 2  # bump when the encoded layout or cleaning changes, so old caches are not reused
 DROP_REASONS = ("empty", "too_long", "length_ratio")
-REPAIRS = ("invalid_utf8", "control_chars", "truncated")  # counted per split; lines are kept
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0/C1 controls but tab and newline
 
 

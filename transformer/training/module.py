@@ -155,9 +155,8 @@ class TranslationModule(pl.LightningModule):
 
     def translate_ids(self, src: torch.Tensor) -> list[list[int]]:
         """Greedy translations of a padded source batch, as target ids without BOS/EOS."""
-        bos, eos = self.trainer.datamodule.data.tgt_tokenizer.bos_id, self.trainer.datamodule.data.tgt_tokenizer.eos_id
-        cfg = self.validation_config
-        return greedy_search(self.model, src, bos, eos, cfg.max_len_a, cfg.max_len_b)
+        tok, cfg = self.trainer.datamodule.data.tgt_tokenizer, self.validation_config
+        return greedy_search(self.model, src, tok.bos_id, tok.eos_id, cfg.max_len_a, cfg.max_len_b)
 
     def on_validation_epoch_end(self) -> None:
         sums = torch.tensor([self._val_nll, self._val_tokens], dtype=torch.float64, device=self.device)

@@ -41,14 +41,12 @@ def load_checkpoint(path: str) -> dict:
         raise FileNotFoundError(f"ckpt_path={path}: no such file")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "Weights only load failed" in str(e):
+    except Exception as e:
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
             raise ValueError(
                 f"ckpt_path={path} is refused: it holds code or objects other than weights and plain values, "
                 "which loading would execute; use checkpoints written by training, from sources you trust"
             ) from None
-        raise ValueError(f"ckpt_path={path} cannot be loaded ({str(e).splitlines()[0]}); it is corrupt") from None
-    except Exception as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"ckpt_path={path} cannot be loaded ({reason}); it is truncated, corrupt or not a "
                          "checkpoint: use another one, e.g. the run's checkpoints/last.ckpt") from None  # fmt: skip
