@@ -1,5 +1,9 @@
 """Decoding speed of a trained checkpoint on a test split: greedy and beam 5, with the key/value cache
-and without it (every step re-reading the whole prefix), fp32 and bf16 autocast.
+and without it (every step re-reading the whole prefix), fp32 and bf16 autocast; and against Hugging Face's
+MarianMTModel.generate (its own cache) of the same dimensions, when the optional `bench` extra is installed.
+A randomly initialised MarianMTModel would not stop where a trained model stops, so it is made to decode
+exactly as many steps per batch as our search needed for that batch (min_new_tokens = max_new_tokens), on the
+same batches: both do the same number of decoder steps on the same shapes.
 
     python scripts/bench_decode.py --ckpt outputs/RUN/checkpoints/last.ckpt            # print the table
     python scripts/bench_decode.py --ckpt outputs/RUN/checkpoints/last.ckpt --write    # and record it
@@ -8,6 +12,7 @@ Run it alone: another torch process on the same cores distorts every number.
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -16,9 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from bench_attention import DOC, machine, record  # noqa: E402
 
 from transformer.data import DataConfig, load_corpus  # noqa: E402
+from transformer.data.batching import TokenBatchSampler  # noqa: E402
 from transformer.inference import SearchConfig, Translator  # noqa: E402
 
 
@@ -31,6 +39,44 @@ def time_search(translator: Translator, sources: list[list[int]], search: Search
         found = translator.search(sources, search, precision)
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds), sum(len(h[0].tokens) + 1 for h in found)
+
+
+def time_marian(translator: Translator, sources: list[list[int]], found, beam: int, precision: str, reps: int):
+    """Median seconds of MarianMTModel.generate over the batches our search used, each decoding as many steps
+    as our longest hypothesis (with EOS) in that batch; None without transformers."""
+    try:
+        from bench_train import MarianPeer
+    except ImportError:
+        return None
+    tok, cfg = translator.src_tokenizer, translator.model_config
+    try:
+        peer = MarianPeer(cfg, tok.bos_id, tok.eos_id).model.eval()
+    except ImportError:
+        return None
+    lengths = np.array([[len(s) + 1] * 2 for s in sources])
+    batches = [b.tolist() for b in TokenBatchSampler(lengths, SearchConfig().max_tokens, shuffle=False).all_batches(0)]
+    inputs = []
+    for batch in batches:
+        src = torch.full((len(batch), max(len(sources[i]) for i in batch) + 1), cfg.pad_id)  # (B, S)
+        for row, i in enumerate(batch):
+            src[row, : len(sources[i]) + 1] = torch.tensor(sources[i] + [tok.eos_id])
+        steps = max(len(found[i][0].tokens) for i in batch) + 1
+        inputs.append((src, steps))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+    def run(todo):
+        with torch.inference_mode(), autocast:
+            for src, steps in todo:
+                peer.generate(input_ids=src, attention_mask=src.ne(cfg.pad_id), num_beams=beam, do_sample=False,
+                              min_new_tokens=steps, max_new_tokens=steps, use_cache=True)  # fmt: skip
+
+    run(inputs[:1])  # warm-up
+    seconds = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run(inputs)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
 
 
 def main():
@@ -48,7 +94,7 @@ def main():
     texts = list(load_corpus(data)[0][split]["src"])[: args.sentences]
     sources = translator.src_tokenizer.encode(texts)
     rows = [
-        "| search | precision | cache | sentences/s | target tokens/s | cache speed-up |",
+        "| search | precision | decoder | sentences/s | target tokens/s | ours (cache) faster by |",
         "|---|---|---|---:|---:|---:|",
     ]
     print(machine())
@@ -57,12 +103,15 @@ def main():
             search = SearchConfig(beam_size=beam)
             cached, tokens = time_search(translator, sources, search, precision, args.reps)
             uncached, _ = time_search(translator, sources, replace(search, use_cache=False), precision, 1)
+            marian = time_marian(translator, sources, translator.search(sources, search, precision), beam, precision,
+                                 args.reps)  # fmt: skip
             name = "greedy" if beam == 1 else f"beam {beam}"
-            for cache, seconds in (("yes", cached), ("no", uncached)):
-                speedup = f"{uncached / cached:.2f}x" if cache == "yes" else ""
-                rows.append(
-                    f"| {name} | {precision} | {cache} | {len(sources) / seconds:.1f} | {tokens / seconds:.0f} | {speedup} |"
-                )
+            timings = [("ours, cache", cached), ("ours, no cache", uncached)]
+            timings += [("MarianMT generate", marian)] if marian is not None else []
+            for decoder, seconds in timings:
+                ratio = f"{seconds / cached:.2f}x" if decoder != "ours, cache" else ""
+                rows.append(f"| {name} | {precision} | {decoder} | {len(sources) / seconds:.1f} | "
+                            f"{tokens / seconds:.0f} | {ratio} |")  # fmt: skip
                 print(rows[-1], flush=True)
     if args.write:
         record(
@@ -71,8 +120,9 @@ def main():
             f": the first {len(sources)} sentences of `{split}` "
             f"({data.src}->{data.tgt}), checkpoint `{args.ckpt}` (model {translator.model_config.d_model}-d, "
             f"{translator.model_config.n_encoder_layers}+{translator.model_config.n_decoder_layers} layers), "
-            f"length-sorted batches of up to 8,192 source tokens; median of {args.reps} passes with the cache, "
-            "one without. Target tokens count the EOS.\n\n" + "\n".join(rows),
+            f"length-sorted batches of up to 8,192 source tokens; median of {args.reps} passes with the cache "
+            "(and of MarianMT generate, randomly initialised with the same dimensions, decoding as many steps per "
+            "batch as ours), one without. Target tokens: our hypotheses', with EOS.\n\n" + "\n".join(rows),
         )
 
 

@@ -1,15 +1,20 @@
-"""Training-step throughput on Multi30k token batches: this project's model against a plain torch.nn.Transformer
-of the same dimensions, both trained by the same loop (label-smoothed loss, AdamW), fp32 and bf16 autocast.
+"""Training-step throughput and peak memory on Multi30k batches: this project's model against a plain
+torch.nn.Transformer and Hugging Face's MarianMTModel of the same dimensions, all trained by the same loop
+(label-smoothed loss, AdamW) on identical token batches, fp32 and bf16 autocast; and, for reference, the
+pipeline of PyTorch's translation tutorial as it is (d=512, untied embeddings, random batches of 128 sentences).
 
-    python scripts/bench_train.py                      # small model, print the table
-    python scripts/bench_train.py --sizes small base --write   # and record it in docs/benchmarks.md
+    python scripts/bench_train.py                      # small model, print the tables
+    python scripts/bench_train.py --sizes small base --write   # and record them in docs/benchmarks.md
 
-Both models see the identical padded batches (data.max_tokens=4096, the first epoch's order). Run it alone.
+MarianMTModel needs the optional extra: pip install -e ".[bench]" (skipped without it). Peak memory is measured
+in a fresh process per model: the growth of peak resident memory over three steps. Run it alone.
 """
 
 import argparse
 import math
+import random
 import statistics
+import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -24,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_attention import machine, record  # noqa: E402
 
 from transformer.data import DataConfig, TranslationDataModule  # noqa: E402
+from transformer.data.batching import Collate, TokenDataset  # noqa: E402
 from transformer.model import ModelConfig, build_model  # noqa: E402
 
 
@@ -58,7 +64,64 @@ class TorchTransformer(nn.Module):
         return out @ self.embed.weight.T  # (B, T, V)
 
 
-def train_steps(model, optimizer, batches, precision, pad):
+class MarianPeer(nn.Module):
+    """Hugging Face's MarianMTModel (post-LN, sinusoidal positions, shared tied embeddings), randomly initialised
+    with our dimensions; its SDPA attention."""
+
+    def __init__(self, cfg: ModelConfig, bos: int, eos: int):
+        super().__init__()
+        from transformers import MarianConfig, MarianMTModel
+
+        config = MarianConfig(
+            vocab_size=cfg.src_vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers,
+            decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads,
+            decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+            dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
+            activation_function="relu", max_position_embeddings=cfg.max_positions, pad_token_id=cfg.pad_id,
+            eos_token_id=eos, bos_token_id=bos, decoder_start_token_id=bos, scale_embedding=True,
+            share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        )  # fmt: skip
+        self.model, self.pad = MarianMTModel(config), cfg.pad_id
+
+    def forward(self, src, tgt):
+        return self.model(input_ids=src, attention_mask=src.ne(self.pad), decoder_input_ids=tgt,
+                          decoder_attention_mask=tgt.ne(self.pad)).logits  # fmt: skip
+
+
+class TutorialTransformer(nn.Module):
+    """PyTorch's translation tutorial's Seq2SeqTransformer: sequence-first nn.Transformer (post-LN), d=512,
+    8 heads, ff=512, 3+3 layers, separate source and target embeddings and output layer."""
+
+    def __init__(self, vocab_size: int, pad: int, d: int = 512):
+        super().__init__()
+        self.d, self.pad = d, pad
+        self.transformer = nn.Transformer(d, 8, 3, 3, 512, 0.1)
+        self.src_embed, self.tgt_embed = nn.Embedding(vocab_size, d), nn.Embedding(vocab_size, d)
+        self.generator = nn.Linear(d, vocab_size)
+        position = torch.arange(5000)[:, None]
+        freq = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
+        pe = torch.zeros(5000, 1, d)
+        pe[:, 0, 0::2], pe[:, 0, 1::2] = torch.sin(position * freq), torch.cos(position * freq)
+        self.register_buffer("pe", pe)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, src, tgt):
+        src, tgt = src.T, tgt.T  # (S, B), (T, B): the tutorial's sequence-first layout
+
+        def embed(table, x):
+            return self.dropout(table(x) * math.sqrt(self.d) + self.pe[: x.size(0)])
+
+        t = tgt.size(0)
+        tgt_mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        src_mask = torch.zeros((src.size(0), src.size(0)), dtype=torch.bool)
+        out = self.transformer(
+            embed(self.src_embed, src), embed(self.tgt_embed, tgt), src_mask, tgt_mask, None,
+            src.T.eq(self.pad), tgt.T.eq(self.pad), src.T.eq(self.pad),
+        )  # fmt: skip
+        return self.generator(out).transpose(0, 1)  # (B, T, V)
+
+
+def train_steps(model, optimizer, batches, precision, pad, label_smoothing=0.1):
     """Seconds for one optimizer step per batch, and the target tokens trained."""
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
     start = time.perf_counter()
@@ -67,7 +130,7 @@ def train_steps(model, optimizer, batches, precision, pad):
         with autocast:
             logits = model(batch["src"], batch["tgt_in"])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["tgt_out"].flatten(), ignore_index=pad,
-                               label_smoothing=0.1)  # fmt: skip
+                               label_smoothing=label_smoothing)  # fmt: skip
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -75,49 +138,126 @@ def train_steps(model, optimizer, batches, precision, pad):
     return time.perf_counter() - start, tokens
 
 
+def models_of(size: str, data: TranslationDataModule) -> dict[str, nn.Module]:
+    tok = data.data.src_tokenizer
+    cfg = ModelConfig.from_size(size, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
+    models = {"ours": build_model(cfg), "nn.Transformer": TorchTransformer(cfg)}
+    try:
+        models["MarianMT"] = MarianPeer(cfg, tok.bos_id, tok.eos_id)
+    except ImportError:
+        print('MarianMTModel skipped: pip install -e ".[bench]" installs transformers', file=sys.stderr)
+    return models
+
+
+def token_batches(data: TranslationDataModule, count: int) -> list[dict]:
+    loader = iter(data.train_dataloader())
+    return [next(loader) for _ in range(count)]
+
+
+def tutorial_batches(data: TranslationDataModule, count: int, sentences: int = 128) -> list[dict]:
+    """The tutorial's batches: random sentences, padded to the longest of each batch."""
+    dataset, tok = TokenDataset(data.data.splits[data.cfg.train_split]), data.data.tgt_tokenizer
+    order = list(range(len(dataset)))
+    random.Random(0).shuffle(order)
+    collate = Collate(tok.pad_id, tok.bos_id, tok.eos_id)
+    return [collate([dataset[i] for i in order[k * sentences : (k + 1) * sentences]]) for k in range(count)]
+
+
+def peak_memory_mib(size: str, name: str, precision: str) -> float:
+    """Peak resident memory growth over three training steps of one model, measured in a fresh process."""
+    out = subprocess.run([sys.executable, __file__, "--peak-memory-of", size, name, precision],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def status_kib(field: str) -> int:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1])
+
+
+def measure_peak_memory(size: str, name: str, precision: str) -> None:
+    data = TranslationDataModule(DataConfig())
+    data.setup()
+    torch.manual_seed(0)
+    if name == "tutorial":
+        tok = data.data.src_tokenizer
+        batches, model = tutorial_batches(data, 3), TutorialTransformer(tok.vocab_size, tok.pad_id)
+    else:
+        batches, model = token_batches(data, 3), models_of(size, data)[name]
+    before = status_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    train_steps(model.train(), optimizer, batches, precision, data.data.src_tokenizer.pad_id)
+    print((status_kib("VmHWM") - before) / 1024)
+
+
+def throughput(models, batches, precision, pad, windows, per_window, label_smoothing=0.1) -> dict[str, float]:
+    """Median target tokens/s per model over interleaved windows, after a warm-up of two batches."""
+    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
+    for name, model in models.items():
+        model.train()
+        train_steps(model, optimizers[name], batches[:2], precision, pad, label_smoothing)
+    rates = {name: [] for name in models}
+    for w in range(windows):  # interleaved, so that all see the same machine load
+        window = batches[2 + w * per_window : 2 + (w + 1) * per_window]
+        for name, model in models.items():
+            seconds, tokens = train_steps(model, optimizers[name], window, precision, pad, label_smoothing)
+            rates[name].append(tokens / seconds)
+    return {name: statistics.median(r) for name, r in rates.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["small"])
     parser.add_argument("--windows", type=int, default=5, help="timed windows per configuration (median reported)")
     parser.add_argument("--batches", type=int, default=4, help="batches per window")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    parser.add_argument("--peak-memory-of", nargs=3, metavar=("SIZE", "MODEL", "PRECISION"), help=argparse.SUPPRESS)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
+    if args.peak_memory_of:
+        return measure_peak_memory(*args.peak_memory_of)
     torch.manual_seed(0)
     data = TranslationDataModule(DataConfig())
     data.setup()
-    loader = iter(data.train_dataloader())
-    batches = [next(loader) for _ in range(args.batches * args.windows + 2)]
-    tok = data.data.src_tokenizer
-    rows = ["| size | precision | ours tgt tok/s | nn.Transformer tgt tok/s | ours vs nn.Transformer |",
-            "|---|---|---:|---:|---:|"]  # fmt: skip
+    pad = data.data.src_tokenizer.pad_id
+    batches = token_batches(data, args.batches * args.windows + 2)
+    memory = not args.no_memory and Path("/proc/self/clear_refs").exists()
     print(machine())
+    rows = []
     for size in args.sizes:
-        cfg = ModelConfig.from_size(
-            size, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id
-        )
-        models = {"ours": build_model(cfg), "nn.Transformer": TorchTransformer(cfg)}
+        models = models_of(size, data)
         for precision in ("fp32", "bf16"):
-            optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
-            for name, model in models.items():  # warm-up
-                model.train()
-                train_steps(model, optimizers[name], batches[:2], precision, tok.pad_id)
-            rates = {name: [] for name in models}
-            for w in range(args.windows):  # interleaved, so that both see the same machine load
-                window = batches[2 + w * args.batches : 2 + (w + 1) * args.batches]
-                for name, model in models.items():
-                    seconds, tokens = train_steps(model, optimizers[name], window, precision, tok.pad_id)
-                    rates[name].append(tokens / seconds)
-            ours, peer = statistics.median(rates["ours"]), statistics.median(rates["nn.Transformer"])
-            rows.append(f"| {size} | {precision} | {ours:.0f} | {peer:.0f} | {ours / peer:.2f}x |")
-            print(rows[-1], flush=True)
+            rates = throughput(models, batches, precision, pad, args.windows, args.batches)
+            for name in models:
+                mib = f"{peak_memory_mib(size, name, precision):,.0f}" if memory else "n/a"
+                ratio = f"{rates['ours'] / rates[name]:.2f}x" if name != "ours" else ""
+                rows.append(f"| {size} | {precision} | {name} | {rates[name]:,.0f} | {ratio} | {mib} |")
+                print(rows[-1], flush=True)
+    # The tutorial's pipeline as it is: its own model and random sentence batches, fp32, plain cross-entropy.
+    tutorial = {"tutorial": TutorialTransformer(data.data.src_tokenizer.vocab_size, pad)}
+    rate = throughput(tutorial, tutorial_batches(data, args.batches * args.windows + 2), "fp32", pad,
+                      args.windows, args.batches, label_smoothing=0.0)["tutorial"]  # fmt: skip
+    mib = f"{peak_memory_mib('small', 'tutorial', 'fp32'):,.0f}" if memory else "n/a"
+    tutorial_row = f"| PyTorch tutorial pipeline (d=512, 128-sentence batches) | fp32 | {rate:,.0f} | {mib} |"
+    print(tutorial_row)
+    table = ("| size | precision | model | target tok/s | ours vs it | peak memory growth (MiB) |\n"
+             "|---|---|---|---:|---:|---:|\n" + "\n".join(rows))  # fmt: skip
+    reference = ("| pipeline | precision | target tok/s | peak memory growth (MiB) |\n|---|---|---:|---:|\n"
+                 + tutorial_row)  # fmt: skip
+    print(table + "\n\n" + reference)
     if args.write:
         record(
             "bench_train",
             f"Training step (`python scripts/bench_train.py --sizes {' '.join(args.sizes)} --write`)",
-            ": Multi30k de-en, the first epoch's token batches "
-            f"(max_tokens=4096), identical for both models; forward, label-smoothed loss, backward and AdamW step; "
-            f"median of {args.windows} interleaved windows of {args.batches} batches after warm-up. "
-            "Target tokens exclude padding.\n\n" + "\n".join(rows),
+            ": Multi30k de-en, the first epoch's token batches (max_tokens=4096), identical for every model; "
+            "forward, label-smoothed loss, backward and AdamW step; median of "
+            f"{args.windows} interleaved windows of {args.batches} batches after warm-up. Target tokens exclude "
+            "padding. Peak memory: growth of the peak resident set over three steps, each model in a fresh "
+            "process. MarianMTModel: transformers' implementation, randomly initialised with the same "
+            "dimensions (post-LN).\n\n" + table + "\n\nFor reference, PyTorch's translation tutorial as it "
+            "is (its model: d=512, ff=512, 3+3 layers, untied embeddings; random batches of 128 sentences, "
+            "fp32, plain cross-entropy), on the same sentencepiece ids:\n\n" + reference,
         )
 
 

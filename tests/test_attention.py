@@ -362,3 +362,47 @@ def test_bf16_autocast_training_step_matches_float32():
     assert torch.isfinite(x.grad).all()
     torch.testing.assert_close(out16.float(), out32, rtol=0.05, atol=0.05)
     torch.testing.assert_close(sdpa16.float(), out32, rtol=0.05, atol=0.05)
+
+
+def test_padding_free_attention_equals_the_padded_path(monkeypatch):
+    """Self-attention (padded queries dropped too) and cross-attention (all queries), outputs and gradients."""
+    import transformer.model.attention as attention
+
+    calls = []
+    real = attention.padding_free_attention
+    monkeypatch.setattr(attention, "padding_free_attention", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    padded = MultiHeadAttention(D, H).eval()
+    free = MultiHeadAttention(D, H, padding_free=True).eval()
+    free.load_state_dict(padded.state_dict())
+    mask = padding_mask([6, 2, 4], 6)
+    real_rows = ~mask[..., None]  # (B, S, 1): padded queries' outputs are read by nothing downstream
+    x, q = torch.randn(3, 6, D, requires_grad=True), torch.randn(3, 5, D, requires_grad=True)
+    for query, key, rows in ((x, x, real_rows), (q, x, torch.ones(3, 5, 1, dtype=torch.bool))):
+        outputs = []
+        for module in (padded, free):
+            out = module(query, key, key, key_padding_mask=mask)[0] * rows
+            grads = torch.autograd.grad(out.square().sum(), [query, key, *module.parameters()])
+            outputs.append((out, grads))
+        torch.testing.assert_close(outputs[1][0], outputs[0][0], rtol=1e-5, atol=1e-6)
+        for g_free, g_padded in zip(outputs[1][1], outputs[0][1]):
+            torch.testing.assert_close(g_free, g_padded, rtol=1e-5, atol=1e-6)
+    assert len(calls) == 2  # both went padding-free, not through the padded fallback
+
+
+def test_padding_free_attention_falls_back_where_it_cannot_apply(monkeypatch):
+    """A row with no real key, a causal mask or requested weights take the padded path, with its results."""
+    import transformer.model.attention as attention
+
+    monkeypatch.setattr(attention, "padding_free_attention", lambda *a: pytest.fail("padding-free path taken"))
+    torch.manual_seed(0)
+    padded = MultiHeadAttention(D, H).eval()
+    free = MultiHeadAttention(D, H, padding_free=True).eval()
+    free.load_state_dict(padded.state_dict())
+    x = torch.randn(2, 4, D)
+    dead = padding_mask([4, 0], 4)
+    torch.testing.assert_close(free(x, key_padding_mask=dead)[0], padded(x, key_padding_mask=dead)[0])
+    some = padding_mask([4, 2], 4)
+    for kwargs in ({"is_causal": True}, {"need_weights": True}):
+        torch.testing.assert_close(free(x, key_padding_mask=some, **kwargs)[0],
+                                   padded(x, key_padding_mask=some, **kwargs)[0])  # fmt: skip

@@ -175,3 +175,20 @@ def test_activation_checkpointing_gives_the_same_gradients():
     for (name, p), q in zip(plain.named_parameters(), checkpointed.parameters()):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
     assert checkpointed.encoder.checkpointed and checkpointed.decoder.checkpointed
+
+
+def test_padding_free_attention_gives_the_same_logits_and_gradients():
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD, dropout=0.0)
+    padded = build_model(cfg)
+    free = build_model(ModelConfig(**{**vars(cfg), "padding_free_attention": True}))
+    free.load_state_dict(padded.state_dict())
+    src, tgt = tokens([7, 2, 5], 7), tokens([4, 6, 3], 6)
+    logits = []
+    for model in (padded, free):
+        logits.append(model(src, tgt))
+        logits[-1].masked_fill(tgt[..., None].eq(PAD), 0).square().mean().backward()
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(padded.named_parameters(), free.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=name)
+    assert all(m.padding_free for m in free.modules() if isinstance(m, MultiHeadAttention))

@@ -168,7 +168,7 @@ def test_a_second_training_command_on_a_folder_in_use_changes_nothing_there(tmp_
     write_text_corpus(tmp_path / "c")
     run = tmp_path / "run"
     first = subprocess.Popen([sys.executable, "-m", "transformer.train", "model=tiny", "trainer.max_steps=100000",
-                              f"hydra.run.dir={run}", *tiny_data(tmp_path / "c", tmp_path / "cache")],
+                              "trainer.max_epochs=-1", f"hydra.run.dir={run}", *tiny_data(tmp_path / "c", tmp_path / "cache")],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         while not (run / "tokenizer").exists():  # the first run holds the lock by then

@@ -258,7 +258,9 @@ def test_train_command_writes_its_run_folder(tmp_path):
 def test_every_experiment_runs_one_batch(experiment, tmp_path):
     if not MULTI30K.exists():
         pytest.skip("Multi30k is not linked into data/ (see data/README.md)")
-    trainer = run_train(tmp_path / "run", [f"experiment={experiment}", "trainer.fast_dev_run=true",
+    # GPU recipes run here with the tiny model: everything else as on the GPU (batches, workers, bf16, schedule).
+    tiny = ["model.size=tiny"] if experiment.endswith("_gpu") else []
+    trainer = run_train(tmp_path / "run", [f"experiment={experiment}", "trainer.fast_dev_run=true", *tiny,
                                            f"data.cache_dir={tmp_path / 'cache'}", "trainer.enable_progress_bar=false"])  # fmt: skip
     assert trainer.global_step == 1 and torch.isfinite(trainer.callback_metrics["val/loss"])
 

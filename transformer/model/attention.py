@@ -140,12 +140,44 @@ def attention_mask(
     return mask.masked_fill(dead, 0.0), False, dead
 
 
+def _pack(x: Tensor, keep: Tensor | None) -> Tensor:
+    """(B, nh, T, hs) with keep (B, T) True = real token, or None = all real -> nested jagged (B, nh, j, hs)."""
+    B, H, T, hs = x.shape
+    if keep is None:
+        values = x.transpose(1, 2).reshape(B * T, H, hs)  # (B*T, nh, hs)
+        offsets = torch.arange(0, B * T + 1, T, device=x.device)
+    else:
+        values = x.transpose(1, 2)[keep]  # (total, nh, hs): the real tokens of each row, in order
+        offsets = F.pad(keep.sum(1).cumsum(0), (1, 0))
+    return torch.nested.nested_tensor_from_jagged(values, offsets).transpose(1, 2)  # (B, nh, j, hs)
+
+
+def padding_free_attention(
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor, query_padding_mask: Tensor | None, dropout_p: float
+) -> Tensor:
+    """SDPA over each sequence's real tokens only, as nested jagged tensors: no mask at all, so that the fused
+    kernels stay eligible (on a GPU, flash attention over variable lengths). q, k, v are (B, nh, T, hs), masks
+    True = padding. Returns (B, nh, L, hs), zero at padded queries (which nothing downstream reads)."""
+    q_keep = None if query_padding_mask is None else ~query_padding_mask
+    k_keep = ~key_padding_mask
+    y = F.scaled_dot_product_attention(_pack(q, q_keep), _pack(k, k_keep), _pack(v, k_keep), dropout_p=dropout_p)
+    y = y.transpose(1, 2).values()  # (total queries, nh, hs)
+    B, H, L, hs = q.shape
+    if q_keep is None:
+        return y.view(B, L, H, hs).transpose(1, 2)  # (B, nh, L, hs)
+    out = y.new_zeros(B, L, H, hs)
+    out[q_keep] = y
+    return out.transpose(1, 2)  # (B, nh, L, hs)
+
+
 class MultiHeadAttention(nn.Module):
     """Self- or cross-attention over (B, T, d) tensors.
 
     Self-attention (key is query) projects Q, K, V in one matmul; cross-attention (key is value)
     projects Q alone and K, V in one matmul. `window=W` restricts each query to keys within W
-    positions; `backend` picks the SDPA kernel (auto, flash, efficient, cudnn, math).
+    positions; `backend` picks the SDPA kernel (auto, flash, efficient, cudnn, math). With
+    `padding_free`, attention with only a key padding mask runs over each sequence's real tokens
+    (nested jagged tensors) instead of masking padded ones.
     """
 
     def __init__(
@@ -156,6 +188,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         window: int | None = None,
         backend: str = "auto",
+        padding_free: bool = False,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -166,6 +199,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"window={window} must be a non-negative number of positions (or None)")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.dropout, self.window, self.backend = dropout, window, backend
+        self.padding_free = padding_free
         self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim)) if bias else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -233,6 +267,16 @@ class MultiHeadAttention(nn.Module):
                     k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)  # (B, nh, S, hs)
                 cache.k, cache.v = k, v
 
+        dropout_p = self.dropout if self.training else 0.0
+        if self.padding_free and key_padding_mask is not None:
+            _check_mask(key_padding_mask, "key_padding_mask", [(B, k.size(2))])
+        if self._can_skip_padding(key_padding_mask, attn_mask, is_causal, need_weights, cache):
+            # in self-attention the padded queries are the padded keys; they are dropped too
+            query_padding = key_padding_mask if key is query else None
+            with self._kernel():
+                y = padding_free_attention(q, k, v, key_padding_mask, query_padding, dropout_p)
+            return self.out_proj(y.transpose(1, 2).reshape(B, L, d)), None  # (B, L, d)
+
         explicit = need_weights or (
             self.backend == "auto" and explicit_is_faster(q.device.type, q.dtype, q.requires_grad, k.size(2))
         )
@@ -242,7 +286,6 @@ class MultiHeadAttention(nn.Module):
             is_causal=is_causal, window=self.window, dtype=q.dtype, device=q.device,
             native_causal=not explicit,
         )  # fmt: skip
-        dropout_p = self.dropout if self.training else 0.0
         weights = None
         if explicit:
             y, weights = self._explicit_attention(q, k, v, mask, dropout_p)
@@ -257,6 +300,15 @@ class MultiHeadAttention(nn.Module):
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)  # (B, L, S)
         return self.out_proj(y), weights
+
+    def _can_skip_padding(self, key_padding_mask, attn_mask, is_causal, need_weights, cache) -> bool:
+        """The padding-free path takes boolean key padding alone, and every sequence needs a real key (a row with
+        none would have nothing to attend to; the padded path zeroes it)."""
+        if not self.padding_free or key_padding_mask is None or key_padding_mask.dtype != torch.bool:
+            return False
+        if attn_mask is not None or is_causal or self.window is not None or need_weights or cache is not None:
+            return False
+        return bool((~key_padding_mask).any(dim=1).all())
 
     def _kernel(self):
         backend = SDPA_BACKENDS[self.backend]

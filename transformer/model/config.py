@@ -38,6 +38,7 @@ class ModelConfig:
     tie_output: bool = True  # output projection = target embedding table
     window: int | None = None  # self-attention sees keys within this many positions
     attention_backend: str = "auto"
+    padding_free_attention: bool = False  # encoder and cross attention over real tokens only (nested jagged SDPA)
     activation_checkpointing: bool = False  # training recomputes each layer's activations in backward: less memory
 
     def __post_init__(self):

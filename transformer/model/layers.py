@@ -37,8 +37,9 @@ class FeedForward(nn.Module):
 
 def _attention(cfg: ModelConfig, window: int | None) -> MultiHeadAttention:
     return MultiHeadAttention(
-        cfg.d_model, cfg.n_heads, dropout=cfg.attention_dropout, window=window, backend=cfg.attention_backend
-    )
+        cfg.d_model, cfg.n_heads, dropout=cfg.attention_dropout, window=window, backend=cfg.attention_backend,
+        padding_free=cfg.padding_free_attention,
+    )  # fmt: skip
 
 
 class EncoderLayer(nn.Module):
