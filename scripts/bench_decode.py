@@ -21,12 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from bench_attention import DOC, machine, record  # noqa: E402
+from bench_train import MarianPeer  # noqa: E402
 
 from transformer.data import DataConfig, load_corpus  # noqa: E402
-from transformer.data.batching import TokenBatchSampler  # noqa: E402
 from transformer.inference import SearchConfig, Translator  # noqa: E402
 
 
@@ -44,24 +43,14 @@ def time_search(translator: Translator, sources: list[list[int]], search: Search
 def time_marian(translator: Translator, sources: list[list[int]], found, beam: int, precision: str, reps: int):
     """Median seconds of MarianMTModel.generate over the batches our search used, each decoding as many steps
     as our longest hypothesis (with EOS) in that batch; None without transformers."""
-    try:
-        from bench_train import MarianPeer
-    except ImportError:
-        return None
     tok, cfg = translator.src_tokenizer, translator.model_config
     try:
         peer = MarianPeer(cfg, tok.bos_id, tok.eos_id).model.eval()
     except ImportError:
         return None
-    lengths = np.array([[len(s) + 1] * 2 for s in sources])
-    batches = [b.tolist() for b in TokenBatchSampler(lengths, SearchConfig().max_tokens, shuffle=False).all_batches(0)]
-    inputs = []
-    for batch in batches:
-        src = torch.full((len(batch), max(len(sources[i]) for i in batch) + 1), cfg.pad_id)  # (B, S)
-        for row, i in enumerate(batch):
-            src[row, : len(sources[i]) + 1] = torch.tensor(sources[i] + [tok.eos_id])
-        steps = max(len(found[i][0].tokens) for i in batch) + 1
-        inputs.append((src, steps))
+    inputs = []  # the batches our search decodes, each with the steps it needed: the longest hypothesis + EOS
+    for batch, src in translator.batches(sources, SearchConfig().max_tokens):
+        inputs.append((src, max(len(found[i][0].tokens) for i in batch) + 1))
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
     def run(todo):

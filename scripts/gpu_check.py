@@ -19,12 +19,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_train import train_steps  # noqa: E402
 
 from transformer.data import DataConfig, TranslationDataModule  # noqa: E402
 from transformer.model import ModelConfig, MultiHeadAttention, build_model  # noqa: E402
@@ -49,30 +50,13 @@ def throughput(data, size: str, padding_free: bool, backend: str, device: str, s
     loader = iter(data.train_dataloader())
     batches = [{k: v.to(device) for k, v in next(loader).items()} for _ in range(steps + 3)]
 
-    def step(batch):
-        with torch.autocast(device, dtype=torch.bfloat16):
-            logits = model(batch["src"], batch["tgt_in"])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["tgt_out"].flatten(), ignore_index=tok.pad_id,
-                               label_smoothing=0.1)  # fmt: skip
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
     with FlopCounterMode(display=False) as counter:
-        step(batches[0])
+        train_steps(model, optimizer, batches[:1], "bf16", tok.pad_id)
     flops_per_token = counter.get_total_flops() / int(batches[0]["tgt_out"].ne(tok.pad_id).sum())
-    for batch in batches[1:3]:
-        step(batch)
+    train_steps(model, optimizer, batches[1:3], "bf16", tok.pad_id)  # warm-up
     if device == "cuda":
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    start, tokens = time.perf_counter(), 0
-    for batch in batches[3:]:
-        step(batch)
-        tokens += int(batch["tgt_out"].ne(tok.pad_id).sum())
-    if device == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    seconds, tokens = train_steps(model, optimizer, batches[3:], "bf16", tok.pad_id)
     mfu = tokens * flops_per_token / seconds / (peak_tflops * 1e12)
     memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     return tokens / seconds, mfu, memory

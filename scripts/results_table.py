@@ -17,8 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer.training.resume import load_checkpoint  # noqa: E402
 
 
-def training_row(run: Path) -> str:
-    cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
+def training_row(run: Path, cfg) -> str:
     last = load_checkpoint(str(run / "checkpoints" / "last.ckpt"))
     timer = last.get("callbacks", {}).get("Timer")
     minutes = f"{timer['time_elapsed']['train'] / 60:.1f}" if timer else "?"
@@ -31,8 +30,7 @@ def training_row(run: Path) -> str:
             f"{minutes} | {wall_minutes} | {rate:,.0f} |")  # fmt: skip
 
 
-def evaluation_rows(run: Path) -> list[str]:
-    cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
+def evaluation_rows(run: Path, cfg) -> list[str]:
     rows = []
     for path in sorted((run / "evaluate").glob("*/*.json")):
         result = json.loads(path.read_text())
@@ -49,14 +47,15 @@ def main() -> None:
     runs = [Path(p) for p in sys.argv[1:]]
     if not runs:
         sys.exit("usage: python scripts/results_table.py RUN [RUN ...]")
+    configs = {run: OmegaConf.load(run / ".hydra" / "config.yaml") for run in runs}
     print("| direction | model | epochs | steps | training min | wall-clock min | median target tok/s |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for run in runs:
-        print(training_row(run))
+        print(training_row(run, configs[run]))
     print("\n| direction | checkpoint | split | decoding | BLEU | BLEU lowercase | chrF |")
     print("|---|---|---|---|---:|---:|---:|")
     for run in runs:
-        print("\n".join(evaluation_rows(run)))
+        print("\n".join(evaluation_rows(run, configs[run])))
 
 
 if __name__ == "__main__":

@@ -14,24 +14,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from transformer.averaging import checkpoints_by_step  # noqa: E402
 from transformer.evaluate import data_config, evaluate  # noqa: E402
 from transformer.inference import SearchConfig, Translator  # noqa: E402
-from transformer.training.resume import load_checkpoint  # noqa: E402
 
 
 def training_minutes(checkpoint: dict) -> float | None:
     timer = checkpoint.get("callbacks", {}).get("Timer")
     return timer["time_elapsed"]["train"] / 60 if timer else None
-
-
-def epoch_checkpoints(folder: Path) -> list[tuple[int, float | None, Path]]:
-    """(step, training minutes, path) of each step's checkpoint in the folder, by step; last.ckpt is skipped."""
-    by_step = {}
-    for path in sorted(folder.glob("*.ckpt")):
-        if path.name != "last.ckpt":
-            checkpoint = load_checkpoint(str(path))
-            by_step.setdefault(checkpoint["global_step"], (training_minutes(checkpoint), path))
-    return [(step, minutes, path) for step, (minutes, path) in sorted(by_step.items())]
 
 
 def main() -> None:
@@ -44,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     print("| step | training minutes | BLEU | chrF |\n|---:|---:|---:|---:|")
     reached = None
-    for step, minutes, path in epoch_checkpoints(args.folder):
+    for step, path, minutes in checkpoints_by_step(args.folder, training_minutes):
         translator = Translator.from_path(str(path))
         data = data_config(translator.data, {})
         result = evaluate(translator, data, args.split or data.test_split, SearchConfig(args.beam_size),

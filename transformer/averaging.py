@@ -1,6 +1,8 @@
 """Checkpoint averaging: the mean of several checkpoints' weights, as one checkpoint that evaluates alone."""
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -9,16 +11,24 @@ from .training.resume import load_checkpoint
 KEEP = ("hyper_parameters", "tokenizers", "data", "precision", "epoch", "global_step", "pytorch-lightning_version")
 
 
-def checkpoints_in(folder: Path, last: int) -> list[Path]:
-    """The `last` checkpoints of a run's checkpoints/ folder by training step, one per step (a best and an epoch
-    checkpoint of the same step hold the same weights; last.ckpt repeats one of them)."""
+def checkpoints_by_step(folder: Path, read: Callable[[dict], Any] = lambda checkpoint: None) -> list[tuple]:
+    """(step, path, read(checkpoint)) for each training step saved in a run's checkpoints/ folder, by step: one
+    file per step (a best and an epoch checkpoint of the same step hold the same weights; last.ckpt repeats one)."""
     by_step = {}
     for path in sorted(folder.glob("*.ckpt")):
         if path.name != "last.ckpt":
-            by_step.setdefault(load_checkpoint(str(path))["global_step"], path)
-    if len(by_step) < last:
-        raise ValueError(f"{folder} holds checkpoints of {len(by_step)} different steps; asked to average {last}")
-    return [by_step[step] for step in sorted(by_step)[-last:]]
+            checkpoint = load_checkpoint(str(path))
+            if checkpoint["global_step"] not in by_step:
+                by_step[checkpoint["global_step"]] = (path, read(checkpoint))
+    return [(step, *by_step[step]) for step in sorted(by_step)]
+
+
+def checkpoints_in(folder: Path, last: int) -> list[Path]:
+    """The `last` checkpoints of a run's checkpoints/ folder by training step, one per step."""
+    steps = checkpoints_by_step(folder)
+    if len(steps) < last:
+        raise ValueError(f"{folder} holds checkpoints of {len(steps)} different steps; asked to average {last}")
+    return [path for _, path, _ in steps[-last:]]
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict:

@@ -81,25 +81,30 @@ class Translator:
         depends on batch shapes, so a validation split then decodes exactly as in training)."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
-        eos, pad = self.src_tokenizer.eos_id, self.model_config.pad_id
         results: list = [None] * len(sources)
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
         )
+        for batch, src in self.batches(sources, search.max_tokens, target_lengths):
+            with autocast:
+                found = self._search(src, search)
+            for i, hypotheses in zip(batch, found):
+                results[i] = hypotheses
+        return results
+
+    def batches(self, sources: list[list[int]], max_tokens: int, target_lengths=None):
+        """(indices into sources, src (B, S) on the device: ids + EOS, right-padded) for each batch search decodes."""
+        eos, pad = self.src_tokenizer.eos_id, self.model_config.pad_id
         source_lengths = [len(s) + 1 for s in sources]  # with EOS
         lengths = np.stack([source_lengths, source_lengths if target_lengths is None else target_lengths], axis=1)
-        max_tokens = max(search.max_tokens, int(lengths.max(initial=0)))  # one overlong pair: a batch of its own
+        max_tokens = max(max_tokens, int(lengths.max(initial=0)))  # one overlong pair: a batch of its own
         for batch in TokenBatchSampler(lengths, max_tokens, shuffle=False).all_batches(0):
             batch = batch.tolist()
             longest = max(len(sources[i]) for i in batch) + 1
             src = torch.full((len(batch), longest), pad, dtype=torch.long)  # (B, S) right-padded
             for row, i in enumerate(batch):
                 src[row, : len(sources[i]) + 1] = torch.tensor(sources[i] + [eos])
-            with autocast:
-                found = self._search(src.to(self.device), search)
-            for i, hypotheses in zip(batch, found):
-                results[i] = hypotheses
-        return results
+            yield batch, src.to(self.device)
 
     def _search(self, src: torch.Tensor, search: SearchConfig):
         bos, eos = self.tgt_tokenizer.bos_id, self.tgt_tokenizer.eos_id
