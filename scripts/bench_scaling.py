@@ -109,7 +109,7 @@ def main() -> None:
         record(
             f"bench_scaling_{device}",
             f"Scaling on {device} (`python scripts/bench_scaling.py --lengths {' '.join(map(str, args.lengths))} "
-            f"--tokens {' '.join(map(str, args.tokens))} --write`)",
+            f"--tokens {' '.join(map(str, args.tokens))} --steps {args.steps} --write`)",
             f": the {args.size} model, bf16 autocast, one training step (forward, loss, backward) on random ids, "
             f"batch tokens / T sentences of T source and T target tokens, every second source half padding; median of {args.steps} steps after a "
             "warm-up, each point in a fresh process. Memory: peak growth during the steps.\n\n" + "\n".join(rows),

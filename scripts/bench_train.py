@@ -30,15 +30,16 @@ from bench_attention import machine, record  # noqa: E402
 
 from transformer.data import DataConfig, TranslationDataModule  # noqa: E402
 from transformer.data.batching import Collate, TokenDataset  # noqa: E402
-from transformer.model import ModelConfig, build_model  # noqa: E402
+from transformer.model import EncoderDecoder, ModelConfig, build_model  # noqa: E402
 from transformer.model.embedding import sinusoidal_table  # noqa: E402
+from transformer.model.loss import loss_sum  # noqa: E402
 
 
 class TorchTransformer(nn.Module):
     """The peer: torch.nn.Transformer (pre-LN, batch-first) with scaled embeddings, sinusoidal positions and a
     tied output layer, masks as PyTorch's translation tutorial builds them."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, our_dropout: bool = False):
         super().__init__()
         self.d, self.pad = cfg.d_model, cfg.pad_id
         self.embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
@@ -46,6 +47,11 @@ class TorchTransformer(nn.Module):
             cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff, cfg.dropout,
             batch_first=True, norm_first=True,
         )  # fmt: skip
+        if our_dropout:  # nn.Transformer's one rate also drops attention probabilities and FF activations
+            for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
+                layer.dropout.p = cfg.activation_dropout
+                for attention in (m for m in layer.modules() if isinstance(m, nn.MultiheadAttention)):
+                    attention.dropout = cfg.attention_dropout
         self.register_buffer("pe", sinusoidal_table(cfg.max_positions, cfg.d_model))
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -114,6 +120,16 @@ class TutorialTransformer(nn.Module):
         return self.generator(out).transpose(0, 1)  # (B, T, V)
 
 
+def batch_loss(model: nn.Module, batch: dict, pad: int, label_smoothing: float) -> torch.Tensor:
+    """Loss per target token: ours by the project's training loss (logits only at real target tokens), the
+    peers' from logits at every position, as they train."""
+    if isinstance(model, EncoderDecoder):
+        total, tokens = loss_sum(model, batch["src"], batch["tgt_in"], batch["tgt_out"], label_smoothing)
+        return total / tokens
+    logits = model(batch["src"], batch["tgt_in"]).flatten(0, 1).float()  # (B*T, V)
+    return F.cross_entropy(logits, batch["tgt_out"].flatten(), ignore_index=pad, label_smoothing=label_smoothing)
+
+
 def train_steps(model, optimizer, batches, precision, pad, label_smoothing=0.1):
     """Seconds for one optimizer step per batch, and the target tokens trained."""
     device = batches[0]["src"].device.type
@@ -122,9 +138,7 @@ def train_steps(model, optimizer, batches, precision, pad, label_smoothing=0.1):
     tokens = 0
     for batch in batches:
         with autocast:
-            logits = model(batch["src"], batch["tgt_in"])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["tgt_out"].flatten(), ignore_index=pad,
-                               label_smoothing=label_smoothing)  # fmt: skip
+            loss = batch_loss(model, batch, pad, label_smoothing)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -135,7 +149,8 @@ def train_steps(model, optimizer, batches, precision, pad, label_smoothing=0.1):
 def models_of(size: str, data: TranslationDataModule) -> dict[str, nn.Module]:
     tok = data.data.src_tokenizer
     cfg = ModelConfig.from_size(size, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-    models = {"ours": build_model(cfg), "nn.Transformer": TorchTransformer(cfg)}
+    models = {"ours": build_model(cfg), "nn.Transformer": TorchTransformer(cfg),
+              "nn.Transformer, our dropout": TorchTransformer(cfg, our_dropout=True)}  # fmt: skip
     try:
         models["MarianMT"] = MarianPeer(cfg, tok.bos_id, tok.eos_id)
     except ImportError:
@@ -245,11 +260,16 @@ def main():
             "bench_train",
             f"Training step (`python scripts/bench_train.py --sizes {' '.join(args.sizes)} --write`)",
             ": Multi30k de-en, the first epoch's token batches (max_tokens=4096), identical for every model; "
-            "forward, label-smoothed loss, backward and AdamW step; median of "
+            "forward, label-smoothed loss (ours: the project's, with logits only at real target tokens; the "
+            "peers': at every position), backward and AdamW step; median of "
             f"{args.windows} interleaved windows of {args.batches} batches after warm-up. Target tokens exclude "
             "padding. Peak memory: growth of the peak resident set over three steps, each model in a fresh "
-            "process. MarianMTModel: transformers' implementation, randomly initialised with the same "
-            "dimensions (post-LN).\n\n" + table + "\n\nFor reference, PyTorch's translation tutorial as it "
+            "process. nn.Transformer as PyTorch's tutorial builds it drops attention probabilities and "
+            'feed-forward activations with its one dropout rate; "our dropout" sets those two to ours (0), '
+            "so that both do the same work. MarianMTModel: transformers' implementation, randomly "
+            "initialised with the same dimensions (post-LN), with our dropout.\n\n"
+            + table
+            + "\n\nFor reference, PyTorch's translation tutorial as it "
             "is (its model: d=512, ff=512, 3+3 layers, untied embeddings; random batches of 128 sentences, "
             "fp32, plain cross-entropy), on the same sentencepiece ids:\n\n" + reference,
         )

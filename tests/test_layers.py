@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from transformer.model import ModelConfig
+from transformer.model.dropout import Dropout
 from transformer.model.layers import DecoderLayer, EncoderLayer
 
 # our parameter names -> torch's
@@ -69,3 +70,29 @@ def test_decoder_layer_matches_torch(norm_first):
     causal = nn.Transformer.generate_square_subsequent_mask(5)
     expected = ref(x, memory, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=src_padding)
     torch.testing.assert_close(ours(x, memory, src_padding), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_by_its_inverse(dtype):
+    p = 0.3
+    x = torch.rand(200, 1000, dtype=dtype).add_(0.5).requires_grad_()  # no zeros, so zeros in y are dropped ones
+    torch.manual_seed(0)
+    y = Dropout(p).train()(x)
+    kept = y.ne(0)
+    n, rate = kept.numel(), kept.float().mean().item()
+    assert abs(rate - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5  # 5 standard deviations
+    assert kept.float().mean(0).std() < 0.05 and kept.float().mean(1).std() < 0.05  # no row or column bias
+    scale = 32768 / (32768 - round(p * 32768))
+    torch.testing.assert_close(y[kept], (x * scale).to(dtype)[kept])
+    y.backward(torch.ones_like(y))
+    torch.testing.assert_close(x.grad, kept.to(dtype) * scale)
+    torch.manual_seed(0)
+    assert torch.equal(Dropout(p).train()(x), y)  # the global generator: seeds and resumed RNG states hold
+
+
+def test_cpu_dropout_is_identity_in_eval_and_at_p_0_and_falls_back_where_p_cannot_be_represented():
+    x = torch.randn(64, 64)
+    assert Dropout(0.3).eval()(x) is x and Dropout(0.0).train()(x) is x
+    assert Dropout(1.0).train()(x).eq(0).all()
+    tiny_p = Dropout(1e-6).train()(torch.ones(10, 10))  # rounds to 0 steps of 1/32768: torch's own dropout
+    assert tiny_p.min() > 0.99

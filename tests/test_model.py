@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer.model import MODEL_SIZES, ModelConfig, MultiHeadAttention, build_model
+from transformer.model.loss import loss_sum
 
 PAD, V = 0, 23
 
@@ -163,14 +164,16 @@ def test_tiny_model_overfits_a_few_sentence_pairs(overrides):
     assert loss.item() < 0.05
 
 
-def test_activation_checkpointing_gives_the_same_gradients():
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_activation_checkpointing_gives_the_same_gradients(dropout):
     torch.manual_seed(0)
-    cfg = ModelConfig.from_size("tiny", src_vocab_size=50, tgt_vocab_size=50, pad_id=0, dropout=0.0)
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=50, tgt_vocab_size=50, pad_id=0, dropout=dropout)
     plain = build_model(cfg)
     checkpointed = build_model(ModelConfig(**{**vars(cfg), "activation_checkpointing": True}))
     checkpointed.load_state_dict(plain.state_dict())
     src, tgt = torch.randint(1, 50, (3, 7)), torch.randint(1, 50, (3, 5))
     for model in (plain, checkpointed):
+        torch.manual_seed(1)  # the recomputed forward must draw the same dropout masks
         model(src, tgt).square().mean().backward()
     for (name, p), q in zip(plain.named_parameters(), checkpointed.parameters()):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
@@ -192,3 +195,28 @@ def test_padding_free_attention_gives_the_same_logits_and_gradients():
     for (name, p), q in zip(padded.named_parameters(), free.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=name)
     assert all(m.padding_free for m in free.modules() if isinstance(m, MultiHeadAttention))
+
+
+def test_loss_from_logits_at_real_tokens_equals_the_loss_over_all_positions():
+    """The training loss computes logits only where the target is not padding; the loss and every gradient
+    must equal cross-entropy over all positions with padding ignored."""
+    model = tiny(share_embeddings=False, tie_output=False, tgt_vocab_size=31).train()
+    src, tgt = tokens([7, 2, 5], 7), tokens([4, 6, 3], 6, vocab=31)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    grads = []
+    for reference in (True, False):
+        model.zero_grad()
+        torch.manual_seed(2)  # same dropout masks
+        if reference:
+            logits = model(src, tgt_in).flatten(0, 1)  # (B*T, V)
+            loss = F.cross_entropy(logits, tgt_out.flatten(), ignore_index=PAD, label_smoothing=0.1, reduction="sum")
+            tokens_counted = tgt_out.ne(PAD).sum()
+        else:
+            loss, tokens_counted = loss_sum(model, src, tgt_in, tgt_out, label_smoothing=0.1)
+        (loss / tokens_counted).backward()
+        grads.append((loss.detach(), int(tokens_counted), [p.grad.clone() for p in model.parameters()]))
+    (ref_loss, ref_tokens, ref_grads), (loss, n, got) = grads
+    assert n == ref_tokens == 4 + 6 + 3 - 3  # targets are tgt[:, 1:]
+    torch.testing.assert_close(loss, ref_loss)
+    for (name, _), g, r in zip(model.named_parameters(), got, ref_grads):
+        torch.testing.assert_close(g, r, msg=name)

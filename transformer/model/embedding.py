@@ -5,6 +5,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .dropout import Dropout
+
 
 def sinusoidal_table(length: int, d_model: int) -> Tensor:
     """The paper's PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), (length, d)."""
@@ -32,7 +34,7 @@ class Embeddings(nn.Module):
             self.positions = nn.Parameter(torch.empty(max_positions, d_model))
         else:  # not a parameter, and not saved: rebuilt from the config
             self.register_buffer("positions", sinusoidal_table(max_positions, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         end = offset + tokens.size(1)

@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
 from .config import ModelConfig
+from .dropout import Dropout
 
 
 class Residual(nn.Module):
@@ -14,7 +15,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
@@ -28,7 +29,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.activation = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
-        self.dropout = nn.Dropout(cfg.activation_dropout)
+        self.dropout = Dropout(cfg.activation_dropout)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
 
     def forward(self, x: Tensor) -> Tensor:

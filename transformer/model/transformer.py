@@ -88,16 +88,22 @@ class EncoderDecoder(nn.Module):
         return self.encoder(self.src_embed(src), src_padding), src_padding
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, src_padding: Tensor | None, cache: DecoderCache | None = None
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_padding: Tensor | None,
+        cache: DecoderCache | None = None,
+        where: Tensor | None = None,
     ) -> Tensor:
-        """Logits for each position of tgt; with a cache, tgt holds only the new tokens."""
+        """Logits for each position of tgt, (B, T, V); with a cache, tgt holds only the new tokens. With `where`
+        (B, T, bool), logits only at its True positions, (N, V): training needs none at padding."""
         offset = 0 if cache is None else len(cache)
-        x = self.decoder(self.tgt_embed(tgt, offset), memory, src_padding, cache)
-        return self.output(x)
+        x = self.decoder(self.tgt_embed(tgt, offset), memory, src_padding, cache)  # (B, T, d)
+        return self.output(x if where is None else x[where])
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, where: Tensor | None = None) -> Tensor:
         memory, src_padding = self.encode(src)
-        return self.decode(tgt, memory, src_padding)
+        return self.decode(tgt, memory, src_padding, where=where)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache.empty(len(self.decoder.layers))

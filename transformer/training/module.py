@@ -6,13 +6,13 @@ from dataclasses import asdict, dataclass
 
 import pytorch_lightning as pl
 import torch
-import torch.nn.functional as F
 from pytorch_lightning.utilities import rank_zero_warn
 from sacrebleu.metrics import BLEU, CHRF
 
 from ..config_check import check_field_types
 from ..decoding import greedy_search
 from ..model import ModelConfig, build_model
+from ..model.loss import loss_sum
 from .errors import TrainingError
 
 SCHEDULES = ("inverse_sqrt", "cosine")
@@ -81,11 +81,7 @@ class TranslationModule(pl.LightningModule):
 
     def _loss_sum(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(cross-entropy summed over target tokens, number of target tokens); padding ignored."""
-        logits = self.model(batch["src"], batch["tgt_in"]).flatten(0, 1).float()  # (B*T, V)
-        target = batch["tgt_out"].flatten()
-        pad = self.model_config.pad_id
-        loss = F.cross_entropy(logits, target, ignore_index=pad, label_smoothing=label_smoothing, reduction="sum")
-        return loss, target.ne(pad).sum()
+        return loss_sum(self.model, batch["src"], batch["tgt_in"], batch["tgt_out"], label_smoothing)
 
     # Training
 
