@@ -1,4 +1,4 @@
-"""Encoder and decoder layers against torch.nn.TransformerEncoderLayer / TransformerDecoderLayer."""
+"""Encoder and decoder layers against torch.nn.TransformerEncoderLayer / TransformerDecoderLayer, and the CPU dropout."""
 
 import pytest
 import torch
