@@ -14,19 +14,19 @@ _RESOLUTION = 1 << 15  # p is rounded to a multiple of 1/32768
 
 
 @torch.compiler.disable  # when a compiled model falls back to eager here, dynamo must not trace the int16 view
-def keep_mask(shape: torch.Size, p: float) -> Tensor:
-    """A bool tensor of `shape`, each element True with probability 1 - round(p * 32768) / 32768."""
+def keep_mask(shape: torch.Size, dropped: int) -> Tensor:
+    """A bool tensor of `shape`, each element True with probability 1 - dropped / 32768."""
     n = shape.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_()  # 63 random bits each, from the global generator
     chunks = bits.view(torch.int16)[:n].view(shape)  # four 16-bit chunks per draw, the top one's high bit is 0
-    return chunks.bitwise_and_(_RESOLUTION - 1).ge_(round(p * _RESOLUTION))
+    return chunks.bitwise_and_(_RESOLUTION - 1).ge_(dropped)
 
 
 class _CPUDropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, p: float) -> Tensor:
-        keep = keep_mask(x.shape, p)
-        ctx.scale = _RESOLUTION / (_RESOLUTION - round(p * _RESOLUTION))  # 1 / P(keep), exactly
+    def forward(ctx, x: Tensor, dropped: int) -> Tensor:
+        keep = keep_mask(x.shape, dropped)
+        ctx.scale = _RESOLUTION / (_RESOLUTION - dropped)  # 1 / P(keep), exactly
         ctx.save_for_backward(keep)
         return (x * keep).mul_(ctx.scale)  # scaled in float, not by a scale rounded to x's dtype
 
@@ -42,7 +42,7 @@ class Dropout(nn.Dropout):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        steps = round(self.p * _RESOLUTION)
-        if x.device.type != "cpu" or not 0 < steps < _RESOLUTION or torch.compiler.is_compiling():
+        dropped = round(self.p * _RESOLUTION)  # p in steps of 1/32768
+        if x.device.type != "cpu" or not 0 < dropped < _RESOLUTION or torch.compiler.is_compiling():
             return F.dropout(x, self.p, True, self.inplace)
-        return _CPUDropout.apply(x, self.p)
+        return _CPUDropout.apply(x, dropped)
