@@ -1,5 +1,6 @@
 """Training: the LightningModule and its optimisation config."""
 
-from .module import OptimConfig, TranslationModule, ValidationConfig
+from .config import OptimConfig, ValidationConfig
+from .module import TranslationModule
 
 __all__ = ["OptimConfig", "TranslationModule", "ValidationConfig"]

@@ -2,50 +2,18 @@
 
 import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from sacrebleu.metrics import BLEU, CHRF
 
-from ..config_check import check_field_types
 from ..decoding import greedy_search
 from ..model import ModelConfig, build_model
 from ..model.loss import loss_sum
+from .config import OptimConfig, ValidationConfig
 from .errors import TrainingError
-
-SCHEDULES = ("inverse_sqrt", "cosine")
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.98
-    weight_decay: float = 0.01  # not applied to biases, norms and positions
-    warmup_steps: int = 800
-    schedule: str = "inverse_sqrt"  # the paper's; cosine decays to zero at the last step
-    label_smoothing: float = 0.1
-
-    def __post_init__(self):
-        check_field_types(self, "optim")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
-
-
-@dataclass(frozen=True)
-class ValidationConfig:
-    bleu_every: int = 1  # greedy-decode and score every N validations; 0 never
-    bleu_max_sentences: int | None = None  # decode only the validation sentences with index < N
-    max_len_a: float = 1.2  # hypotheses stop at a * source length + b tokens
-    max_len_b: int = 10
-    text_examples: int = 3  # source/reference/hypothesis triples shown in TensorBoard
-
-    def __post_init__(self):
-        check_field_types(self, "validation")
-        if self.bleu_max_sentences is not None and self.bleu_max_sentences < 1:
-            raise ValueError(f"validation.bleu_max_sentences={self.bleu_max_sentences} must be at least 1, or null")
 
 
 def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
