@@ -8,10 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from transformer.averaging import average_checkpoints, checkpoints_in  # noqa: E402
-from transformer.training.checkpoint import AtomicCheckpointIO  # noqa: E402
+from transformer.averaging import average_checkpoints, checkpoints_in
+from transformer.training.checkpoint import AtomicCheckpointIO
 
 
 def main() -> None:

@@ -9,22 +9,20 @@ Run it alone: another torch process on the same cores distorts every number.
 
 import argparse
 import math
-import platform
 import statistics
 import time
 from contextlib import nullcontext
-from datetime import date
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer.model.attention import MultiHeadAttention, explicit_is_faster
+from transformer.benchmarks.machine import machine
+from transformer.benchmarks.report import BENCHMARKS, record
+from transformer.model.attention import MultiHeadAttention, explicit_attention, explicit_is_faster
 
 SHAPES = {"short": dict(B=64, T=32, d=256, h=8), "long": dict(B=4, T=1024, d=512, h=8)}
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 
 class NaiveAttention(nn.Module):
@@ -101,17 +99,17 @@ def kernel_table(reps: int) -> list[str]:
     for dtype in (torch.float32, torch.bfloat16):
         for T in (16, 32, 64, 128, 256, 512, 1024):
             B, h, hs = 8192 // T, 4, 64  # 8,192 tokens per batch
-            attn = MultiHeadAttention(h * hs, h)
             q, k, v = (torch.randn(B, h, T, hs, dtype=dtype, requires_grad=True) for _ in range(3))
             allowed = torch.arange(T)[None, :] < torch.randint(T // 2, T + 1, (B,))[:, None]
             allowed = allowed[:, None, None, :]  # (B, 1, 1, T), True = may attend
+            blocked = ~allowed  # the explicit kernel's polarity
 
             def sdpa(backend):
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
             calls = {
-                "explicit": lambda _: attn._explicit_attention(q, k, v, allowed, 0.0)[0],
+                "explicit": lambda _: explicit_attention(q, k, v, blocked, 0.0)[0],
                 "flash": lambda _: sdpa(SDPBackend.FLASH_ATTENTION),
                 "math": lambda _: sdpa(SDPBackend.MATH),
             }
@@ -125,32 +123,10 @@ def kernel_table(reps: int) -> list[str]:
     return rows
 
 
-def machine() -> str:
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-        platform.processor(),
-    )
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, Python {platform.python_version()}"
-
-
-def record(name: str, heading: str, body: str) -> None:
-    """Put a benchmark's section in docs/benchmarks.md between its markers, replacing its previous run:
-    `## heading`, then "Measured DATE on MACHINE" followed by body (which goes on from there)."""
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    section = f"{begin}\n## {heading}\n\nMeasured {date.today()} on {machine()}{body}\n{end}"
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    if begin in text:
-        text = text[: text.index(begin)] + section + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    DOC.write_text(text)
-    print(f"recorded in {DOC}")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7, help="timed windows per measurement (median reported)")
-    parser.add_argument("--write", action="store_true", help=f"record the table in {DOC}")
+    parser.add_argument("--write", action="store_true", help=f"record the table in {BENCHMARKS}")
     args = parser.parse_args()
 
     rows = ["| shape | mask | precision | ours ms | nn.MHA ms | naive ms | ours vs nn.MHA | ours vs naive |",

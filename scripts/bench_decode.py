@@ -14,19 +14,16 @@ Run it alone: another torch process on the same cores distorts every number.
 import argparse
 import contextlib
 import statistics
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-from bench_attention import DOC, machine, record  # noqa: E402
-from bench_train import MarianPeer  # noqa: E402
-
-from transformer.data import DataConfig, load_corpus  # noqa: E402
-from transformer.inference import SearchConfig, Translator  # noqa: E402
+from transformer.benchmarks.machine import machine
+from transformer.benchmarks.peers import MarianPeer
+from transformer.benchmarks.report import BENCHMARKS, record
+from transformer.data import DataConfig, load_corpus
+from transformer.inference import SearchConfig, Translator
 
 
 def time_search(translator: Translator, sources: list[list[int]], search: SearchConfig, precision: str, reps: int):
@@ -74,7 +71,7 @@ def main():
     parser.add_argument("--split", default=None, help="default: the checkpoint's test split")
     parser.add_argument("--sentences", type=int, default=1000, help="first N sentences of the split")
     parser.add_argument("--reps", type=int, default=3, help="timed passes with the cache (median reported)")
-    parser.add_argument("--write", action="store_true", help=f"record the table in {DOC}")
+    parser.add_argument("--write", action="store_true", help=f"record the table in {BENCHMARKS}")
     args = parser.parse_args()
 
     translator = Translator.from_path(args.ckpt)

@@ -22,12 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_attention import machine, record  # noqa: E402
-from bench_train import status_kib  # noqa: E402
-
-from transformer.model import ModelConfig, build_model  # noqa: E402
+from transformer.benchmarks.machine import machine, status_kib
+from transformer.benchmarks.report import record
+from transformer.model import ModelConfig, RuntimeConfig, build_model
 
 
 def backends(device: str) -> list[str]:
@@ -39,12 +36,11 @@ def one_point(size: str, length: int, tokens: int, backend: str, device: str, st
     """(median step milliseconds, peak memory growth MiB) of one configuration, in this process."""
     torch.manual_seed(0)
     vocab, pad = 8000, 0
-    overrides = dict(src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=pad, max_positions=max(1024, length + 1))
-    if backend == "padding-free":
-        overrides["padding_free_attention"] = True
-    else:
-        overrides["attention_backend"] = backend
-    model = build_model(ModelConfig.from_size(size, **overrides)).to(device).train()
+    cfg = ModelConfig.from_size(size, src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=pad,
+                                max_positions=max(1024, length + 1))  # fmt: skip
+    padding_free = backend == "padding-free"
+    runtime = RuntimeConfig(padding_free_attention=True) if padding_free else RuntimeConfig(attention_backend=backend)
+    model = build_model(cfg, runtime).to(device).train()
     batch = max(1, tokens // length)
     src = torch.randint(1, vocab, (batch, length), device=device)
     src[::2, length // 2 :] = pad

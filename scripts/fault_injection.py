@@ -14,19 +14,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from transformer.benchmarks.corpus import write_text_corpus
+from transformer.benchmarks.report import DOCS, record
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.test_data import write_text_corpus  # noqa: E402
-
-DOC = ROOT / "docs" / "reliability.md"
-BEGIN, END = "<!-- fault_injection:begin -->", "<!-- fault_injection:end -->"
+DOC = DOCS / "reliability.md"
 EVERY = 5
 
 
@@ -98,17 +95,16 @@ def main():
             table.append(f"| {kind} | {len(mine)} | {codes} | {max(lost)}, {sum(lost) / len(lost):.1f} | every time |")
     print("\n".join(table))
     if args.write:
-        section = (
-            f"{BEGIN}\n## Kills and signals (`python scripts/fault_injection.py --kills {args.kills} --write`)\n\n"
-            f"Measured {date.today()}: the tiny model, fp32, 1,300 steps, `last.ckpt` every {EVERY} steps and at "
+        record(
+            "fault_injection",
+            f"Kills and signals (`python scripts/fault_injection.py --kills {args.kills} --write`)",
+            f": the tiny model, fp32, 1,300 steps, `last.ckpt` every {EVERY} steps and at "
             "every validation (every 10 steps); after each fault the run resumed with `ckpt_path=last`. "
             f"{len(rows)} faults, then the run finished (exit {process.returncode}) at step {final['global_step']}; "
-            f"largest weight difference from a run never interrupted: {diff:.3g}.\n\n" + "\n".join(table) + f"\n{END}"
+            f"largest weight difference from a run never interrupted: {diff:.3g}.\n\n" + "\n".join(table),
+            doc=DOC,
+            on_machine=False,
         )
-        text = DOC.read_text()
-        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
-        DOC.write_text(text)
-        print(f"recorded in {DOC}")
 
 
 if __name__ == "__main__":

@@ -23,12 +23,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_train import train_steps  # noqa: E402
-
-from transformer.data import DataConfig, TranslationDataModule  # noqa: E402
-from transformer.model import ModelConfig, MultiHeadAttention, build_model  # noqa: E402
+from transformer.benchmarks.training import train_steps
+from transformer.data import DataConfig, TranslationDataModule
+from transformer.model import ModelConfig, MultiHeadAttention, RuntimeConfig, build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,12 +40,14 @@ def flash_selected(device: str) -> str:
 
 def throughput(data, size: str, padding_free: bool, backend: str, device: str, steps: int, peak_tflops: float):
     tok = data.data.src_tokenizer
-    cfg = ModelConfig.from_size(size, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id,
-                                padding_free_attention=padding_free, attention_backend=backend)  # fmt: skip
-    model = build_model(cfg).to(device).train()
+    cfg = ModelConfig.from_size(size, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
+    runtime = RuntimeConfig(attention_backend=backend, padding_free_attention=padding_free)
+    model = build_model(cfg, runtime).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     loader = iter(data.train_dataloader())
-    batches = [{k: v.to(device) for k, v in next(loader).items()} for _ in range(steps + 3)]
+    batches = [
+        {k: v.to(device) if torch.is_tensor(v) else v for k, v in next(loader).items()} for _ in range(steps + 3)
+    ]
 
     with FlopCounterMode(display=False) as counter:
         train_steps(model, optimizer, batches[:1], "bf16", tok.pad_id)

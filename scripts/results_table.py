@@ -12,9 +12,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from transformer.training.resume import load_checkpoint  # noqa: E402
+from transformer.training.resume import load_checkpoint
 
 
 def training_row(run: Path, cfg) -> str:

@@ -9,14 +9,11 @@ Keep every epoch's checkpoint for this (callbacks.epoch_checkpoints.save_top_k=-
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from transformer.averaging import checkpoints_by_step  # noqa: E402
-from transformer.evaluate import data_config, evaluate  # noqa: E402
-from transformer.inference import SearchConfig, Translator  # noqa: E402
+from transformer.averaging import checkpoints_by_step
+from transformer.evaluate import data_config, evaluate
+from transformer.inference import SearchConfig, Translator
 
 
 def training_minutes(checkpoint: dict) -> float | None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from .test_train import run_train, tiny_data, write_word_for_word_corpus
+from .helpers import run_train, tiny_data, write_word_for_word_corpus
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +16,9 @@ def trained(tmp_path_factory):
         "trainer.max_epochs=24", "trainer.check_val_every_n_epoch=12", "trainer.enable_progress_bar=false", "~logger",
     ])  # fmt: skip
     return tmp, trainer, tmp / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="session")
+def multi30k_cache(tmp_path_factory):
+    """One data cache for every test on Multi30k in a run: its tokenizer is trained once per language pair."""
+    return tmp_path_factory.mktemp("multi30k_cache")

@@ -1,10 +1,8 @@
 import gzip
 import json
-import random
 import subprocess
 import sys
 import unicodedata
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,42 +18,7 @@ from transformer.data import (
     prepare_data,
 )  # fmt: skip
 
-ROOT = Path(__file__).resolve().parents[1]
-MULTI30K = ROOT / "data" / "multi30k"
-WORDS_DE = "ein mann eine frau hund katze läuft springt über den die das grüne rote haus straße ball".split()
-WORDS_EN = "a man woman dog cat runs jumps over the green red house street ball with and".split()
-
-
-def sentences(n: int, words: list[str], seed: int) -> list[str]:
-    """n sentences whose word counts depend on seed alone, so two languages' lines pair up in length."""
-    lengths, rng = random.Random(seed), random.Random(f"{seed}-{words[0]}")
-    return [" ".join(rng.choice(words) for _ in range(lengths.randint(2, 9))).capitalize() + "." for _ in range(n)]
-
-
-def write_text_corpus(folder: Path, sizes=None, gz=False) -> dict[str, tuple[list[str], list[str]]]:
-    sizes = sizes or {"train": 300, "val": 20, "test": 20}
-    folder.mkdir(parents=True, exist_ok=True)
-    corpus = {}
-    for i, (split, n) in enumerate(sizes.items()):
-        de, en = sentences(n, WORDS_DE, i), sentences(n, WORDS_EN, i)
-        corpus[split] = (de, en)
-        for lang, lines in (("de", de), ("en", en)):
-            data = ("\n".join(lines) + "\n").encode()
-            path = folder / (f"{split}.{lang}.gz" if gz else f"{split}.{lang}")
-            path.write_bytes(gzip.compress(data) if gz else data)
-    return corpus
-
-
-def config(folder: Path, tmp_path: Path, **overrides) -> DataConfig:
-    values = dict(
-        path=str(folder),
-        test_split="test",
-        vocab_size=340,
-        max_length=100,
-        max_tokens=200,
-        cache_dir=str(tmp_path / "cache"),
-    )
-    return DataConfig(**{**values, **overrides})
+from .helpers import MULTI30K, ROOT, config, write_text_corpus
 
 
 def pairs(ds) -> list[tuple[str, str]]:
@@ -207,10 +170,10 @@ def test_byte_fallback_encodes_unseen_characters(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def multi30k(tmp_path_factory):
+def multi30k(multi30k_cache):
     if not (MULTI30K / "train.de.gz").exists():
         pytest.fail(f'{MULTI30K} is missing; link it: ln -s "$PWD/../shared/data/multi30k" data/multi30k')
-    cfg = DataConfig(cache_dir=str(tmp_path_factory.mktemp("cache")), path=str(MULTI30K))
+    cfg = DataConfig(cache_dir=str(multi30k_cache), path=str(MULTI30K))
     return cfg, prepare_data(cfg)
 
 
@@ -393,6 +356,7 @@ def run(*args, cwd=ROOT):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd)
 
 
+@pytest.mark.slow  # end to end in subprocesses
 def test_prepare_command_prints_the_table_and_reuses_the_cache(tmp_path):
     write_text_corpus(tmp_path / "c")
     args = ["-m", "transformer.prepare", f"data.path={tmp_path / 'c'}", f"data.cache_dir={tmp_path / 'cache'}",

@@ -280,7 +280,7 @@ def test_beam_beats_greedy_where_greedy_is_led_astray(use_cache):
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0, 0.6])
 def test_nbest_are_distinct_sorted_and_scored_by_the_model(length_penalty):
-    model, src = random_model(), sources(LENGTHS, seed=4)
+    model, src = random_model(eos_scale=3.0), sources(LENGTHS, seed=4)  # EOS likely enough that both kinds end
     a, b, nbest = 1.0, 3, 4
     got = beam_search(model, src, BOS, EOS, beam_size=5, nbest=nbest, length_penalty=length_penalty,
                       max_len_a=a, max_len_b=b)  # fmt: skip

@@ -1,7 +1,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ from transformer.averaging import average_checkpoints
 from transformer.evaluate import data_config, evaluate
 from transformer.inference import SearchConfig, Translator
 
-ROOT = Path(__file__).resolve().parents[1]
+from .helpers import ROOT
 
 
 def test_evaluate_with_greedy_search_reproduces_the_validation_bleu(trained):
@@ -26,6 +25,7 @@ def test_evaluate_with_greedy_search_reproduces_the_validation_bleu(trained):
     assert beam["sentences"] == result["sentences"] == 48
 
 
+@pytest.mark.slow  # end to end in subprocesses
 def test_translate_command_gives_one_line_per_input_line_in_order(trained):
     tmp, trainer, ckpt = trained
     sources = (tmp / "c" / "test.de").read_text().splitlines()[:6]
@@ -43,6 +43,7 @@ def test_translate_command_gives_one_line_per_input_line_in_order(trained):
     assert "tokens was translated up to its first 1023 (model.max_positions)" in result.stderr
 
 
+@pytest.mark.slow  # end to end in subprocesses
 def test_evaluate_command_writes_hypotheses_and_scores(trained, tmp_path):
     tmp, trainer, ckpt = trained
     result = subprocess.run(
@@ -56,6 +57,7 @@ def test_evaluate_command_writes_hypotheses_and_scores(trained, tmp_path):
     assert len((tmp_path / "test.beam3.hyp").read_text().splitlines()) == 48
 
 
+@pytest.mark.slow  # end to end in subprocesses
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -104,6 +106,7 @@ def test_averaging_is_exact_and_loadable(trained, tmp_path):
     ).translate(sources, search)
 
 
+@pytest.mark.slow  # end to end in subprocesses
 def test_translate_answers_each_line_as_it_arrives(trained):
     tmp, trainer, ckpt = trained
     process = subprocess.Popen([sys.executable, "-m", "transformer.translate", f"ckpt_path={ckpt}", "beam_size=2"],

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.model import ModelConfig
+from transformer.model import ModelConfig, SequenceLayout, masks
 from transformer.model.dropout import Dropout
 from transformer.model.layers import DecoderLayer, EncoderLayer
 
@@ -51,7 +51,7 @@ def test_encoder_layer_matches_torch(norm_first, activation):
     x = torch.randn(3, 6, cfg.d_model)
     padding = torch.arange(6)[None, :] >= torch.tensor([6, 2, 4])[:, None]
     expected = ref(x, src_key_padding_mask=padding)
-    got = ours(x, padding)
+    got = ours(x, masks.key_padding(SequenceLayout.from_padding(padding), self_attention=True))
     real = ~padding  # torch's fast path may leave padded positions as zeros
     torch.testing.assert_close(got[real], expected[real], rtol=1e-5, atol=1e-5)
 
@@ -69,7 +69,8 @@ def test_decoder_layer_matches_torch(norm_first):
     src_padding = torch.arange(7)[None, :] >= torch.tensor([7, 3])[:, None]
     causal = nn.Transformer.generate_square_subsequent_mask(5)
     expected = ref(x, memory, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=src_padding)
-    torch.testing.assert_close(ours(x, memory, src_padding), expected, rtol=1e-5, atol=1e-5)
+    attention = masks.causal(5, 5, None, x.device), masks.key_padding(SequenceLayout.from_padding(src_padding))
+    torch.testing.assert_close(ours(x, memory, *attention), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.model import MODEL_SIZES, ModelConfig, MultiHeadAttention, build_model
+from transformer.model import MODEL_SIZES, ModelConfig, MultiHeadAttention, RuntimeConfig, SequenceLayout, build_model
 from transformer.model.loss import loss_sum
 
 PAD, V = 0, 23
@@ -169,7 +169,7 @@ def test_activation_checkpointing_gives_the_same_gradients(dropout):
     torch.manual_seed(0)
     cfg = ModelConfig.from_size("tiny", src_vocab_size=50, tgt_vocab_size=50, pad_id=0, dropout=dropout)
     plain = build_model(cfg)
-    checkpointed = build_model(ModelConfig(**{**vars(cfg), "activation_checkpointing": True}))
+    checkpointed = build_model(cfg, RuntimeConfig(activation_checkpointing=True))
     checkpointed.load_state_dict(plain.state_dict())
     src, tgt = torch.randint(1, 50, (3, 7)), torch.randint(1, 50, (3, 5))
     for model in (plain, checkpointed):
@@ -184,7 +184,7 @@ def test_padding_free_attention_gives_the_same_logits_and_gradients():
     torch.manual_seed(0)
     cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD, dropout=0.0)
     padded = build_model(cfg)
-    free = build_model(ModelConfig(**{**vars(cfg), "padding_free_attention": True}))
+    free = build_model(cfg, RuntimeConfig(padding_free_attention=True))
     free.load_state_dict(padded.state_dict())
     src, tgt = tokens([7, 2, 5], 7), tokens([4, 6, 3], 6)
     logits = []
@@ -220,3 +220,49 @@ def test_loss_from_logits_at_real_tokens_equals_the_loss_over_all_positions():
     torch.testing.assert_close(loss, ref_loss)
     for (name, _), g, r in zip(model.named_parameters(), got, ref_grads):
         torch.testing.assert_close(g, r, msg=name)
+
+
+def test_runtime_is_apart_from_the_architecture():
+    """Old checkpoints saved attention_backend & co. with the model: they still load, and any runtime runs any
+    checkpoint with the same outputs."""
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD, dropout=0.0)
+    saved = {
+        **vars(cfg),
+        "attention_backend": "flash",
+        "padding_free_attention": True,
+        "activation_checkpointing": True,
+    }
+    assert ModelConfig.from_dict(saved) == cfg
+    src, tgt = tokens([7, 2, 5], 7), tokens([4, 6, 3], 6)
+    trained = tiny(dropout=0.0)
+    expected = trained(src, tgt)
+    for runtime in (RuntimeConfig(attention_backend="math"), RuntimeConfig(padding_free_attention=True)):
+        other = build_model(ModelConfig.from_dict(saved), runtime).eval()
+        other.load_state_dict(trained.state_dict())
+        torch.testing.assert_close(other(src, tgt), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="attention_backend='fast' is not one of auto, flash"):
+        RuntimeConfig(attention_backend="fast")
+    with pytest.raises(ValueError, match="runtime.activation_checkpointing='yes' must be one of: bool"):
+        RuntimeConfig(activation_checkpointing="yes")
+
+
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_collator_layout_gives_the_same_logits_as_one_derived_from_the_tokens(padding_free):
+    """Training describes the source padding from the collator's host values (no sync); decoding derives it."""
+    model = build_model(ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD),
+                        RuntimeConfig(padding_free_attention=padding_free)).eval()  # fmt: skip
+    lengths = [7, 2, 5]
+    src, tgt = tokens(lengths, 7), tokens([4, 6, 3], 6)
+    layout = SequenceLayout.right_padded(torch.tensor(lengths), 7, padded=True, tokens=sum(lengths),
+                                         packed=padding_free)  # fmt: skip
+    real = tgt.ne(PAD)
+    where = torch.nonzero_static(real.flatten(), size=int(real.sum())).squeeze(1)
+    torch.testing.assert_close(model(src, tgt, where=where, src_layout=layout), model(src, tgt)[real])
+
+
+def test_a_source_of_padding_only_gives_finite_logits():
+    model = tiny()
+    src, tgt = tokens([5, 0], 5), tokens([3, 3], 3)  # the second source has no token: no key to attend to
+    logits = model(src, tgt)
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(logits[:1], model(src[:1], tgt[:1]))

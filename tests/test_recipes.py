@@ -3,20 +3,19 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from .test_data import MULTI30K
+from .helpers import MULTI30K, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # subprocesses end to end: the reproduce script about 3 minutes, time_to_bleu 25 s
 
 
 @pytest.mark.skipif(not MULTI30K.exists(), reason="Multi30k is not linked into data/ (see data/README.md)")
-def test_reproduce_script_trains_averages_evaluates_and_prints_the_table(tmp_path):
+def test_reproduce_script_trains_averages_evaluates_and_prints_the_table(tmp_path, multi30k_cache):
     out = tmp_path / "out"
     tiny = ["model.size=tiny", "trainer.max_time=null", "trainer.max_epochs=2", "trainer.limit_train_batches=3",
-            "trainer.log_every_n_steps=1", "validation.bleu_max_sentences=8", f"data.cache_dir={tmp_path / 'cache'}",
+            "trainer.log_every_n_steps=1", "validation.bleu_max_sentences=8", f"data.cache_dir={multi30k_cache}",
             "trainer.enable_progress_bar=false"]  # fmt: skip
     env = {**os.environ, "PAIRS": "de-en", "OUT": str(out), "AVERAGE": "2"}
     done = subprocess.run(["bash", "scripts/reproduce_multi30k.sh", *tiny], cwd=ROOT, env=env, capture_output=True,

@@ -1,5 +1,8 @@
+import errno
+import io
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -9,11 +12,10 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from transformer.training.checkpoint import RunFolderLock
+from transformer.training.checkpoint import AtomicCheckpointIO, RunFolderLock
 from transformer.training.errors import TrainingError
 
-from .test_data import write_text_corpus
-from .test_train import ROOT, run_train, tiny_data
+from .helpers import ROOT, run_train, tiny_data, write_text_corpus
 
 
 class NaNLogitsAt(pl.Callback):
@@ -42,6 +44,80 @@ def test_non_finite_loss_stops_before_any_update_and_keeps_the_last_checkpoint(t
     assert last["global_step"] == 5 and all(v.isfinite().all() for v in last["state_dict"].values())
 
 
+def fill_the_disk(monkeypatch, failure: str, free: int, from_step: int = 0) -> None:
+    """torch.save into a checkpoint file fails as on a full disk (ENOSPC, or torch's zip writer error) from a
+    given global_step on, after writing some bytes; the disk has `free` bytes left."""
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if not isinstance(f, io.BufferedWriter) or obj.get("global_step", 0) < from_step:
+            return real_save(obj, f, *args, **kwargs)  # an earlier checkpoint, or the size estimate
+        f.write(b"\0" * 64)
+        if failure == "enospc":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 470")
+
+    monkeypatch.setattr(torch, "save", save)
+    usage = shutil.disk_usage("/")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=free))
+
+
+def serialized_size(obj) -> int:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return len(buffer.getvalue())
+
+
+@pytest.mark.parametrize("failure", ["enospc", "torch"])
+def test_a_full_disk_stops_with_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, failure):
+    folder, writer = tmp_path / "checkpoints", AtomicCheckpointIO()
+    writer.save_checkpoint({"global_step": 1, "w": torch.zeros(100)}, folder / "last.ckpt")
+    previous = (folder / "last.ckpt").read_bytes()
+    checkpoint = {"global_step": 2, "w": torch.zeros(1000)}
+    needed = serialized_size(checkpoint)
+    fill_the_disk(monkeypatch, failure, free=1234)
+    with pytest.raises(TrainingError) as error:
+        writer.save_checkpoint(checkpoint, folder / "last.ckpt")
+    assert str(error.value) == (
+        f"disk full: {folder} has 1,234 bytes free, last.ckpt needs {needed:,}; {folder / 'last.ckpt'} is intact: "
+        f"free space and resume with ckpt_path={folder / 'last.ckpt'}"
+    )
+    assert (folder / "last.ckpt").read_bytes() == previous
+    assert [p.name for p in folder.iterdir()] == ["last.ckpt"]  # no temporary file left
+
+
+def test_a_failed_write_with_room_to_spare_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    fill_the_disk(monkeypatch, "torch", free=10**12)
+    with pytest.raises(RuntimeError, match="unexpected pos") as error:
+        AtomicCheckpointIO().save_checkpoint({"global_step": 1}, tmp_path / "last.ckpt")
+    assert not isinstance(error.value, TrainingError)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_training_stops_when_the_disk_fills(tmp_path, monkeypatch):
+    write_text_corpus(tmp_path / "c")
+    fill_the_disk(monkeypatch, "torch", free=1000, from_step=4)
+    with pytest.raises(TrainingError, match=f"disk full: {tmp_path / 'run' / 'checkpoints'} has 1,000 bytes free"):
+        run_train(tmp_path / "run", [
+            *tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny", "~logger", "trainer.max_steps=10",
+            "trainer.enable_progress_bar=false", "callbacks.last_checkpoint.every_n_train_steps=2",
+        ])  # fmt: skip
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert [p.name for p in checkpoints.iterdir()] == ["last.ckpt"]
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
+def test_validations_that_score_no_bleu_save_no_best_checkpoint(tmp_path):
+    write_text_corpus(tmp_path / "c")
+    run_train(tmp_path / "run", [
+        *tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny", "~logger", "trainer.max_steps=20",
+        "trainer.enable_progress_bar=false", "trainer.val_check_interval=5", "validation.bleu_every=2",
+    ])  # fmt: skip  # 13 batches an epoch: validations at steps 5, 10 and 18; BLEU at the first and third
+    files = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert [f.split("-")[1] for f in files if f != "last.ckpt"] == ["step5", "step18"] and "last.ckpt" in files
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20
+
+
 def test_a_second_run_in_the_same_folder_is_refused(tmp_path):
     first = RunFolderLock(tmp_path)
     with pytest.raises(TrainingError, match=f"{tmp_path} is in use by a training run \\(pid {os.getpid()}\\)"):
@@ -50,6 +126,7 @@ def test_a_second_run_in_the_same_folder_is_refused(tmp_path):
     RunFolderLock(tmp_path).release()  # free again once the first run has stopped
 
 
+@pytest.mark.slow  # end to end in subprocesses
 def test_crafted_checkpoint_with_code_is_refused(tmp_path):
     class Payload:
         def __reduce__(self):
@@ -93,6 +170,7 @@ def test_a_corpus_of_bad_lines_is_cleaned_with_counts_and_stays_aligned(tmp_path
         assert sum(len(b["index"]) for b in loader) == len(loader.dataset)
 
 
+@pytest.mark.slow  # end to end in subprocesses
 def test_translate_survives_random_bytes_and_unicode_one_line_out_per_line_in(trained):
     tmp, trainer, ckpt = trained
     rng = random.Random(0)
@@ -114,6 +192,7 @@ def test_translate_survives_random_bytes_and_unicode_one_line_out_per_line_in(tr
     assert blank and all(out[i] == b"" for i in blank)
 
 
+@pytest.mark.slow  # end to end in subprocesses
 def test_killed_at_random_moments_and_resumed_the_run_ends_as_if_never_killed(tmp_path):
     """SIGKILL at random moments of a real training process (three after a random delay, two as soon as a
     checkpoint's temporary file appears, i.e. mid-write), resuming with ckpt_path=last each time: every kill
@@ -150,7 +229,7 @@ def test_killed_at_random_moments_and_resumed_the_run_ends_as_if_never_killed(tm
             time.sleep(rng.uniform(0, 1.5))
         else:
             while process.poll() is None and not list(last.parent.glob(".last.ckpt.*.tmp")):
-                pass  # kill as soon as a checkpoint is being written
+                time.sleep(0.001)  # kill as soon as a checkpoint is being written (a write takes tens of ms)
             mid_write += process.poll() is None
         process.kill()
         process.wait()
@@ -164,6 +243,7 @@ def test_killed_at_random_moments_and_resumed_the_run_ends_as_if_never_killed(tm
         torch.testing.assert_close(final["state_dict"][name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow  # end to end in subprocesses
 def test_a_second_training_command_on_a_folder_in_use_changes_nothing_there(tmp_path):
     write_text_corpus(tmp_path / "c")
     run = tmp_path / "run"

@@ -1,15 +1,9 @@
-import os
-import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -18,57 +12,20 @@ from transformer.train import model_config, train
 from transformer.training import OptimConfig, TranslationModule
 from transformer.training.module import lr_factor
 
-from .test_data import MULTI30K, WORDS_DE, WORDS_EN, config, write_text_corpus
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def tiny_data(corpus: Path, cache: Path) -> list[str]:
-    return [f"data.path={corpus}", f"data.cache_dir={cache}", "data.vocab_size=340", "data.test_split=test",
-            "data.max_length=100", "data.max_tokens=300"]  # fmt: skip
-
-
-def compose_train(run_dir: Path, overrides: list[str]):
-    """The real config with overrides, as `python -m transformer.train` composes it, for running train() here."""
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, f"hydra.run.dir={run_dir}"], return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(run_dir)
-        cfg.hydra.job.num = 0
-    HydraConfig.instance().set_config(cfg)
-    return cfg
-
-
-def run_train(run_dir: Path, overrides: list[str]) -> pl.Trainer:
-    return train(compose_train(run_dir, overrides), run_dir)
-
-
-def callback(trainer: pl.Trainer, cls):
-    return next(c for c in trainer.callbacks if isinstance(c, cls))
-
-
-class LossRecorder(pl.Callback):
-    def __init__(self):
-        self.losses, self.batches = {}, {}
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.losses[trainer.global_step] = outputs["loss"].item()
-        self.batches[trainer.global_step] = batch["index"].tolist()
-
-
-class SignalAt(pl.Callback):
-    """Sends this process a real signal at the start of a given optimizer step."""
-
-    def __init__(self, step: int, signum: int = int(signal.SIGTERM)):
-        self.step, self.signum = step, signum
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), self.signum)
-
-
-RECORD = ["+callbacks.recorder._target_=tests.test_train.LossRecorder"]
-
+from .helpers import (
+    MULTI30K,
+    RECORD,
+    ROOT,
+    LossRecorder,
+    callback,
+    compose_train,
+    config,
+    run_command,
+    run_train,
+    tiny_data,
+    write_text_corpus,
+    write_word_for_word_corpus,
+)  # fmt: skip
 
 # --- the module -----------------------------------------------------------------------------------
 
@@ -106,17 +63,6 @@ def test_training_lowers_validation_loss_and_checkpoint_loads_alone(tmp_path):
     assert torch.load(path, weights_only=True)["tokenizers"]["src"] == data.data.src_tokenizer.path.read_bytes()
 
 
-def write_word_for_word_corpus(folder: Path, n: int) -> None:
-    """Sentences whose English is the German word for word: learnable, so a model can reach BLEU 100."""
-    rng = random.Random(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    de = [[rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(3, 8))] for _ in range(n)]
-    for lang, words in (("de", WORDS_DE), ("en", WORDS_EN)):
-        text = "".join(" ".join(words[i] for i in s).capitalize() + ".\n" for s in de)
-        for split in ("train", "val", "test"):
-            (folder / f"{split}.{lang}").write_text(text)
-
-
 def test_tiny_model_overfits_its_training_pairs_to_bleu_above_90(tmp_path):
     write_word_for_word_corpus(tmp_path / "c", 48)
     trainer = run_train(tmp_path / "run", [
@@ -144,11 +90,11 @@ def runs(tmp_path_factory):
               "data.num_workers=1"]  # a loader worker fetches ahead of training  # fmt: skip
     a = run_train(tmp / "a", common)
     with pytest.raises(SystemExit) as stopped:
-        run_train(tmp / "b", [*common, "+callbacks.signal_at._target_=tests.test_train.SignalAt",
+        run_train(tmp / "b", [*common, "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
                               "+callbacks.signal_at.step=17"])  # fmt: skip
     b = run_train(tmp / "b", [*common, "ckpt_path=last"])
     with pytest.raises(SystemExit):
-        run_train(tmp / "c", [*common, "+callbacks.signal_at._target_=tests.test_train.SignalAt",
+        run_train(tmp / "c", [*common, "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
                               "+callbacks.signal_at.step=12"])  # fmt: skip
     c = run_train(tmp / "c", [*common, "ckpt_path=last"])
     # D: validating at the epoch's last batch only, 16 steps; then resumed from its best checkpoint of step 13
@@ -157,7 +103,7 @@ def runs(tmp_path_factory):
     d = run_train(tmp / "d2", [*common, f"ckpt_path={best}"])
     # E: SIGTERM during step 10, after which a validation is due: it runs before the checkpoint
     with pytest.raises(SystemExit):
-        run_train(tmp / "e", [*common, "+callbacks.signal_at._target_=tests.test_train.SignalAt",
+        run_train(tmp / "e", [*common, "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
                               "+callbacks.signal_at.step=9"])  # fmt: skip
     e = run_train(tmp / "e", [*common, "ckpt_path=last"])
     return tmp, a, b, stopped.value.code, {18: b, 13: c, "best": d, 10: e}
@@ -188,7 +134,7 @@ def test_ctrl_c_writes_a_checkpoint_at_the_batch_boundary(tmp_path):
     with pytest.raises(SystemExit) as stopped:
         run_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny", "~logger",
                                      "trainer.max_steps=30", "trainer.enable_progress_bar=false",
-                                     "+callbacks.signal_at._target_=tests.test_train.SignalAt",
+                                     "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
                                      "+callbacks.signal_at.step=3", f"+callbacks.signal_at.signum={int(signal.SIGINT)}"])  # fmt: skip
     assert stopped.value.code == 128 + signal.SIGINT
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
@@ -238,10 +184,7 @@ def test_checkpoints_keep_last_and_best_by_bleu(runs):
 # --- the command line ------------------------------------------------------------------------------
 
 
-def run_command(*args: str, module: str = "transformer.train") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT)
-
-
+@pytest.mark.slow  # end to end in subprocesses
 def test_train_command_writes_its_run_folder(tmp_path):
     write_text_corpus(tmp_path / "c")
     run_dir = tmp_path / "run"
@@ -254,14 +197,15 @@ def test_train_command_writes_its_run_folder(tmp_path):
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow  # every experiment file end to end, on Multi30k
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml")))
-def test_every_experiment_runs_one_batch(experiment, tmp_path):
+def test_every_experiment_runs_one_batch(experiment, tmp_path, multi30k_cache):
     if not MULTI30K.exists():
         pytest.skip("Multi30k is not linked into data/ (see data/README.md)")
     # GPU recipes run here with the tiny model: everything else as on the GPU (batches, workers, bf16, schedule).
     tiny = ["model.size=tiny"] if experiment.endswith("_gpu") else []
     trainer = run_train(tmp_path / "run", [f"experiment={experiment}", "trainer.fast_dev_run=true", *tiny,
-                                           f"data.cache_dir={tmp_path / 'cache'}", "trainer.enable_progress_bar=false"])  # fmt: skip
+                                           f"data.cache_dir={multi30k_cache}", "trainer.enable_progress_bar=false"])  # fmt: skip
     assert trainer.global_step == 1 and torch.isfinite(trainer.callback_metrics["val/loss"])
 
 
@@ -287,6 +231,7 @@ class BF16Probe(pl.Callback):
         module.model.output.register_forward_hook(lambda m, i, out: self.dtypes.add(out.dtype) if m.training else None)
 
 
+@pytest.mark.slow  # end to end in subprocesses
 def test_ddp_with_two_cpu_processes(tmp_path):
     write_text_corpus(tmp_path / "c")
     run_dir = tmp_path / "run"
@@ -299,6 +244,7 @@ def test_ddp_with_two_cpu_processes(tmp_path):
     assert checkpoint["global_step"] == 4
 
 
+@pytest.mark.slow  # end to end in subprocesses
 def test_multirun_writes_one_folder_per_job(tmp_path):
     write_text_corpus(tmp_path / "c")
     result = run_command("-m", "debug=fast", "optim.lr=5e-4,1e-3", f"hydra.sweep.dir={tmp_path / 'sweep'}",
@@ -316,6 +262,7 @@ def checkpoint_file(runs):
     return runs[0] / "a" / "checkpoints" / "last.ckpt"
 
 
+@pytest.mark.slow  # end to end in subprocesses
 @pytest.mark.parametrize(
     "overrides, message",
     [

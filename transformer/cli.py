@@ -1,29 +1,31 @@
 """What every command-line entry point shares: bad input ends in one line, not a traceback."""
 
+import dataclasses
 import functools
 import inspect
 import sys
-import types
 import typing
 from pathlib import Path
 
+import yaml
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import OmegaConf
 
+from .config_check import check_value
+from .console import quiet_console
 from .data.sources import DataError
+from .schema import register_configs
 from .training.errors import TrainingError
-from .training.resume import run_dir_for
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-# hydra.run.dir: a resumed run continues in its checkpoint's run folder, and evaluation writes there too
-OmegaConf.register_new_resolver("run_dir_for", run_dir_for, replace=True)
 
 
 def one_line_errors(main):
-    """Report a bad config or bad data as `error: ...` on stderr and exit 2."""
+    """Report a bad config or bad data as `error: ...` on stderr and exit 2; keep library notices off the console."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
+        quiet_console()
         try:
             return main(*args, **kwargs)
         except (DataError, ValueError, FileNotFoundError, TrainingError, MisconfigurationException) as e:
@@ -36,7 +38,8 @@ def one_line_errors(main):
 def check_overrides(config_name: str, argv: list[str]):
     """Compose the config once with the command line's overrides, so that an unknown key or group option
     fails in one line (Hydra's own report spans several); returns it, with its hydra node. Flags (-m, --cfg,
-    ...) are left to Hydra (None is returned)."""
+    ...) are left to Hydra (None is returned). Registers the config schema first, which Hydra needs either way."""
+    register_configs()
     if any(arg.startswith("-") for arg in argv):
         return None
     from hydra import compose, initialize_config_dir
@@ -47,42 +50,13 @@ def check_overrides(config_name: str, argv: list[str]):
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
             cfg = compose(config_name, overrides=argv, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        print(f"error: {' '.join(lines)}", file=sys.stderr)
+        print(f"error: {_composition_error(e, argv)}", file=sys.stderr)
         sys.exit(2)
     missing = [key for key in cfg if OmegaConf.is_missing(cfg, key)]  # top level: resolving runs ${hydra:...}
     if missing:
         print(f"error: {missing[0]} is required: add {missing[0]}=...", file=sys.stderr)
         sys.exit(2)
     return cfg
-
-
-def _accepts(annotation) -> list | None:
-    """What an annotation admits: plain types and literal values, or None when this check cannot judge."""
-    if annotation in (int, float, bool, str, type(None)):
-        return [annotation]
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        parts = [_accepts(a) for a in typing.get_args(annotation)]
-        return None if any(p is None for p in parts) else [t for p in parts for t in p]
-    if origin is typing.Literal:
-        return [repr(a) for a in typing.get_args(annotation)]  # literal values, kept as their repr
-    return None
-
-
-def _matches(value, accepted: list) -> bool:
-    for a in accepted:
-        if isinstance(a, str):
-            if repr(value) == a:
-                return True
-        elif a is type(None):
-            if value is None:
-                return True
-        elif a is float and isinstance(value, int | float) and not isinstance(value, bool):
-            return True
-        elif isinstance(value, a) and not (a is int and isinstance(value, bool)):
-            return True
-    return False
 
 
 def check_trainer_args(args: dict, trainer_class) -> None:
@@ -92,8 +66,22 @@ def check_trainer_args(args: dict, trainer_class) -> None:
     for name, value in args.items():
         if name not in params:
             raise ValueError(f"trainer.{name} is not an argument of Lightning's Trainer; check the spelling")
-        accepted = _accepts(hints.get(name))
-        if accepted is not None and not _matches(value, accepted):
-            names = ", ".join(dict.fromkeys("null" if a is type(None) else a if isinstance(a, str) else a.__name__
-                                            for a in accepted))  # fmt: skip
-            raise ValueError(f"trainer.{name}={value!r} must be one of: {names}")
+        check_value(f"trainer.{name}", value, hints.get(name))
+
+
+def _composition_error(error: Exception, argv: list[str]) -> str:
+    """A wrong type in an override as the type check words it (`data.vocab_size='abc' must be one of: int`);
+    anything else as Hydra says it, on one line."""
+    from omegaconf.errors import ValidationError
+
+    cause = error.__cause__
+    if isinstance(cause, ValidationError) and cause.full_key and dataclasses.is_dataclass(cause.object_type):
+        key = cause.full_key
+        annotation = {f.name: f.type for f in dataclasses.fields(cause.object_type)}.get(key.rsplit(".", 1)[-1])
+        given = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+~") == key), None)
+        if annotation is not None and given is not None:
+            try:
+                check_value(key, yaml.safe_load(given), annotation)
+            except ValueError as e:
+                return str(e)
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())

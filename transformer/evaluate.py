@@ -13,6 +13,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from .cli import check_overrides, one_line_errors
 from .data import DataConfig, DataError, load_corpus
 from .inference import SearchConfig, Translator
+from .model import RuntimeConfig
 
 
 def data_config(checkpoint_data: dict, overrides: dict) -> DataConfig:
@@ -59,10 +60,9 @@ def evaluate(translator: Translator, data: DataConfig, split: str, search: Searc
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)
-    translator = Translator.from_path(cfg.ckpt_path, cfg.device)
+    translator = Translator.from_path(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]))
     data = data_config(translator.data, plain["data"])
-    max_tokens = cfg.max_tokens or data.max_tokens
-    search = SearchConfig(cfg.beam_size, cfg.length_penalty, cfg.max_len_a, cfg.max_len_b, max_tokens)
+    search = SearchConfig.pick(plain, max_tokens=cfg.max_tokens or data.max_tokens)
     result = evaluate(
         translator, data, cfg.split or data.test_split, search, str(cfg.precision or translator.trained_precision)
     )

@@ -2,15 +2,15 @@
 
 import contextlib
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
 from .data.batching import TokenBatchSampler
 from .data.tokenizer import SentencePiece
-from .decoding import Hypothesis, beam_search, greedy_search
-from .model import ModelConfig, build_model
+from .decoding import MAX_LEN_A, MAX_LEN_B, Hypothesis, beam_search, greedy_search
+from .model import ModelConfig, RuntimeConfig, build_model
 from .training.resume import load_checkpoint
 
 PRECISIONS = ("32", "bf16")
@@ -20,8 +20,8 @@ PRECISIONS = ("32", "bf16")
 class SearchConfig:
     beam_size: int = 5
     length_penalty: float = 1.0  # scores are log-probabilities / length**length_penalty
-    max_len_a: float = 1.2  # hypotheses stop at a * source length + b tokens
-    max_len_b: int = 10
+    max_len_a: float = MAX_LEN_A  # hypotheses stop at a * source length + b tokens
+    max_len_b: int = MAX_LEN_B
     max_tokens: int = 8192  # source tokens per batch (times beam_size inside the search)
     use_cache: bool = True  # False: each step re-reads the whole prefix (for checks and benchmarks)
 
@@ -31,17 +31,24 @@ class SearchConfig:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens} must be positive")
 
+    @classmethod
+    def pick(cls, values: dict, **changes) -> "SearchConfig":
+        """The search settings among a command's config values (evaluate's, translate's), by keyword."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values} | changes)
+
 
 class Translator:
     """Everything comes from the checkpoint: model config and weights, tokenizers, and the data config
     (corpus and languages) it was trained with."""
 
-    def __init__(self, checkpoint: dict, path: str = "checkpoint", device: str = "cpu"):
+    def __init__(self, checkpoint: dict, path: str = "checkpoint", device: str = "cpu",
+                 runtime: RuntimeConfig | None = None):  # fmt: skip
+        """`runtime`: how this model runs here (attention backend, ...), whatever the training chose."""
         hparams = checkpoint["hyper_parameters"]
         if "tokenizers" not in checkpoint:
             raise ValueError(f"{path} holds no tokenizers (it was not written by training); use a training checkpoint")
-        self.model_config = ModelConfig(**hparams["model"])
-        self.model = build_model(self.model_config)
+        self.model_config = ModelConfig.from_dict(hparams["model"])
+        self.model = build_model(self.model_config, runtime or RuntimeConfig())
         weights = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
         self.model.load_state_dict(weights)
         self.model.to(device).eval()
@@ -53,10 +60,10 @@ class Translator:
         self.max_source_tokens = self.model_config.max_positions - 1  # one position for EOS
 
     @classmethod
-    def from_path(cls, path: str, device: str = "cpu") -> "Translator":
+    def from_path(cls, path: str, device: str = "cpu", runtime: RuntimeConfig | None = None) -> "Translator":
         checkpoint = load_checkpoint(path)
         try:
-            return cls(checkpoint, path, device)
+            return cls(checkpoint, path, device, runtime)
         except (KeyError, TypeError, RuntimeError) as e:
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ValueError(f"ckpt_path={path} is not a usable checkpoint of this project ({reason})") from None

@@ -1,13 +1,14 @@
 """python -m transformer.prepare data=multi30k: train or reuse the tokenizer, encode all splits, report."""
 
 import logging
+import sys
 
 import datasets
 import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import one_line_errors
+from .cli import check_overrides, one_line_errors
 from .data import DataConfig, PreparedData, TokenBatchSampler, example_lengths, padding_fraction, prepare_data
 
 log = logging.getLogger(__name__)
@@ -62,4 +63,5 @@ def main(config: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_overrides("prepare", sys.argv[1:])
     main()

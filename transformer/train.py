@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .cli import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
-from .model import ModelConfig
+from .model import ModelConfig, RuntimeConfig
 from .training import OptimConfig, TranslationModule, ValidationConfig
 from .training.checkpoint import AtomicCheckpointIO, RunFolderLock
 from .training.errors import TrainingError
@@ -41,12 +41,10 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     pl.seed_everything(cfg.seed, workers=True)
     data = TranslationDataModule(DataConfig.from_dict(plain["data"]))
     data.setup()
-    model = model_config(plain["model"], data)
-    module = TranslationModule(
-        **TranslationModule.hyperparameters(
-            model, OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"])
-        )
-    )
+    model, runtime = model_config(plain["model"], data), RuntimeConfig(**plain["runtime"])
+    module = TranslationModule(**TranslationModule.hyperparameters(
+        model, OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"]), runtime
+    ))  # fmt: skip
     src_tok, tgt_tok = data.data.src_tokenizer, data.data.tgt_tokenizer
     if ckpt_path:
         tokenizers = {"src": src_tok.path.read_bytes(), "tgt": tgt_tok.path.read_bytes()}

@@ -6,10 +6,11 @@ import warnings
 from collections.abc import Iterator
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .cli import check_overrides, one_line_errors
 from .inference import SearchConfig, Translator
+from .model import RuntimeConfig
 
 
 def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:
@@ -29,8 +30,9 @@ def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:
 @hydra.main(config_path="../configs", config_name="translate", version_base="1.3")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
-    translator = Translator.from_path(cfg.ckpt_path, cfg.device)
-    search = SearchConfig(cfg.beam_size, cfg.length_penalty, cfg.max_len_a, cfg.max_len_b, cfg.max_tokens)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    translator = Translator.from_path(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]))
+    search = SearchConfig.pick(plain)
     precision = str(cfg.precision or translator.trained_precision)  # Hydra reads 32 as a number
     if cfg.max_lines < 1:
         raise ValueError(f"max_lines={cfg.max_lines} must be at least 1")

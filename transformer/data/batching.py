@@ -125,7 +125,10 @@ class TokenDataset(torch.utils.data.Dataset):
 
 class Collate:
     """Pads a list of examples into a batch dict:
-    src (B, S) = ids + EOS; tgt_in (B, T) = BOS + ids; tgt_out (B, T) = ids + EOS; index (B,) of examples."""
+    src (B, S) = ids + EOS; tgt_in (B, T) = BOS + ids; tgt_out (B, T) = ids + EOS; index (B,) of examples;
+    src_lengths (B,) real source tokens per row. And, as Python values that stay on the host (Lightning moves only
+    tensors) so that the training step never waits on the device for them: src_tokens and tgt_tokens, the real
+    tokens of src and tgt_out, and src_padded, whether some source is shorter than the longest."""
 
     def __init__(self, pad_id: int, bos_id: int, eos_id: int):
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
@@ -142,13 +145,18 @@ class Collate:
                 out[row, start + len(s)] = after
         return torch.from_numpy(out)
 
-    def __call__(self, examples: list[tuple[np.ndarray, np.ndarray, int]]) -> dict[str, torch.Tensor]:
+    def __call__(self, examples: list[tuple[np.ndarray, np.ndarray, int]]) -> dict:
         src, tgt, index = zip(*examples)
+        src_lengths = np.array([len(s) + 1 for s in src])  # with EOS
         return {
             "src": self._pad(src, None, self.eos_id),
             "tgt_in": self._pad(tgt, self.bos_id, None),
             "tgt_out": self._pad(tgt, None, self.eos_id),
             "index": torch.tensor(index),
+            "src_lengths": torch.from_numpy(src_lengths),
+            "src_tokens": int(src_lengths.sum()),
+            "tgt_tokens": sum(len(t) + 1 for t in tgt),  # with EOS
+            "src_padded": bool(src_lengths.min() < src_lengths.max()),
         }
 
 

@@ -1,5 +1,8 @@
 """The LightningDataModule: prepared (cached) splits, token-bucketed loaders, a resumable train sampler."""
 
+from dataclasses import asdict
+
+import datasets
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
@@ -8,6 +11,7 @@ from .batching import Collate, TokenBatchSampler, TokenDataset, example_lengths
 from .config import DataConfig
 from .prepare import PreparedData, prepare_data
 from .sources import DataError
+from .tokenizer import SentencePiece
 
 
 class TranslationDataModule(pl.LightningDataModule):
@@ -17,6 +21,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.prepared: PreparedData | None = None
         self.train_sampler: TokenBatchSampler | None = None
         self._sampler_state: dict | None = None
+        self._resume_point: tuple[int, int] | None = None
 
     def prepare_data(self) -> None:  # once per node: trains and encodes, or finds the cache
         prepare_data(self.cfg)
@@ -31,6 +36,30 @@ class TranslationDataModule(pl.LightningDataModule):
             self.setup()
         return self.prepared
 
+    # What training and validation are given: the tokenizers, the validation pairs, what a checkpoint keeps
+
+    @property
+    def src_tokenizer(self) -> SentencePiece:
+        return self.data.src_tokenizer
+
+    @property
+    def tgt_tokenizer(self) -> SentencePiece:
+        return self.data.tgt_tokenizer
+
+    @property
+    def validation_split(self) -> datasets.Dataset:
+        """The validation pairs by example index (the `index` of a validation batch): src and tgt texts,
+        src_ids and tgt_ids without special tokens."""
+        return self.data.splits[self.cfg.valid_split]
+
+    def checkpoint_extras(self) -> dict:
+        """What a checkpoint needs to translate alone: the tokenizers' bytes, and which corpus and languages
+        (evaluate's defaults)."""
+        src, tgt = self.src_tokenizer.path.read_bytes(), self.tgt_tokenizer.path.read_bytes()
+        return {"tokenizers": {"src": src, "tgt": tgt}, "data": asdict(self.cfg)}
+
+    # Loaders
+
     def _ranks(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
@@ -41,7 +70,7 @@ class TranslationDataModule(pl.LightningDataModule):
         ds = self.data.splits[split]
         sampler = TokenBatchSampler(example_lengths(ds), self.cfg.max_tokens, shuffle=shuffle, seed=self.cfg.seed,
                                     num_replicas=num_replicas, rank=rank)  # fmt: skip
-        tok = self.data.tgt_tokenizer
+        tok = self.tgt_tokenizer
         return DataLoader(
             TokenDataset(ds), batch_sampler=sampler, collate_fn=Collate(tok.pad_id, tok.bos_id, tok.eos_id),
             num_workers=self.cfg.num_workers,
@@ -54,16 +83,7 @@ class TranslationDataModule(pl.LightningDataModule):
         loader = self._loader(self.cfg.train_split, True, *self._ranks())
         self.train_sampler = loader.batch_sampler
         self._restore_sampler()
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None:  # on resume Lightning sets the epoch only after loader workers have started
-            self.train_sampler.set_epoch(trainer.fit_loop.epoch_progress.current.processed)
         return loader
-
-    def _restore_sampler(self) -> None:
-        """Apply a loaded sampler state once both it and the sampler exist, whichever came first."""
-        if self._sampler_state is not None and self.train_sampler is not None:
-            self.train_sampler.load_state_dict(self._sampler_state)
-            self._sampler_state = None
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.cfg.valid_split, False, *self._ranks())  # each rank validates its share
@@ -75,14 +95,25 @@ class TranslationDataModule(pl.LightningDataModule):
         """Any split of the corpus, in length-sorted batches whose `index` maps back to input order."""
         return self._loader(split, False)
 
+    # The train sampler's place, saved in checkpoints (transformer/training/exact_resume.py keeps it current)
+
+    def set_resume_point(self, epoch: int, position: int) -> None:
+        """A resumed run starts with batch `position` of `epoch`. The sampler's own position counts the
+        batches it has handed out, which is more than were trained when loader workers fetch ahead."""
+        self._resume_point = (epoch, position)
+
+    def _restore_sampler(self) -> None:
+        """Apply a loaded sampler state once both it and the sampler exist, whichever came first."""
+        if self._sampler_state is not None and self.train_sampler is not None:
+            self.train_sampler.load_state_dict(self._sampler_state)
+            self._sampler_state = None
+
     def state_dict(self) -> dict:
         if self.train_sampler is None:
             return {}
         state = self.train_sampler.state_dict()
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None and trainer.state.fn == "fit":
-            # batches trained on this epoch; the sampler may have handed out more (loader workers fetch ahead)
-            state["position"] = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if self._resume_point is not None:
+            state["epoch"], state["position"] = self._resume_point
         return {"train_sampler": state}
 
     def load_state_dict(self, state: dict) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from .config import DataConfig
-from .sources import load_corpus
+from .sources import LARGE, load_corpus, progress_bars_if_large
 from .tokenizer import SentencePiece, train_sentencepiece
 
 log = logging.getLogger(__name__)
@@ -128,10 +128,11 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     encoded, stats = {}, {}
     for split, ds in corpus.items():
         repaired = _repairs(ds)
-        big = len(ds) > 500_000  # worker processes pay for themselves only on large corpora
-        ds = ds.map(
-            encode, batched=True, batch_size=10_000, features=features, num_proc=os.cpu_count() if big else None
-        )
+        big = len(ds) > LARGE  # worker processes pay for themselves only on large corpora
+        with progress_bars_if_large(len(ds)):
+            ds = ds.map(
+                encode, batched=True, batch_size=10_000, features=features, num_proc=os.cpu_count() if big else None
+            )
         dropped = dict.fromkeys(DROP_REASONS, 0)
         if split == cfg.train_split:
             ds, dropped = _clean(ds, cfg)
@@ -139,7 +140,8 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
             longest = np.maximum(*(pc.list_value_length(ds.data.column(c)).to_numpy() for c in ("src_ids", "tgt_ids")))
             repaired["truncated"] = int((longest > cfg.max_length).sum())
             if repaired["truncated"]:
-                ds = ds.map(truncate, batched=True, features=features)
+                with progress_bars_if_large(len(ds)):
+                    ds = ds.map(truncate, batched=True, features=features)
         encoded[split] = ds
         stats[split] = {
             "pairs": len(ds) + sum(dropped.values()),
@@ -152,7 +154,8 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
             log.info("%s: dropped %s", split, ", ".join(f"{n} {reason}" for reason, n in dropped.items()))
 
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    datasets.DatasetDict(encoded).save_to_disk(str(tmp))
+    with progress_bars_if_large(max(map(len, encoded.values()))):
+        datasets.DatasetDict(encoded).save_to_disk(str(tmp))
     (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
     try:
         tmp.rename(folder)  # atomic: another process sees all of it or nothing

@@ -2,6 +2,7 @@
 
 import gzip
 import hashlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import datasets
@@ -9,10 +10,26 @@ import datasets
 from .config import DataConfig
 
 EXTENSIONS = {"json": (".jsonl", ".json"), "parquet": (".parquet",), "csv": (".csv",)}
+LARGE = 500_000  # rows: a map over fewer takes seconds, worth neither worker processes nor a progress bar
 
 
 class DataError(ValueError):
     """Bad data or data config: the message names the problem and the fix."""
+
+
+@contextmanager
+def progress_bars_if_large(rows: int):
+    """datasets' progress bars (Map, Saving the dataset) only over more than LARGE rows: for a 1,000-line split
+    they are noise. HF_DATASETS_DISABLE_PROGRESS_BARS, when set, decides instead."""
+    hide = rows <= LARGE and datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is None
+    hide = hide and not datasets.are_progress_bars_disabled()
+    if hide:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if hide:
+            datasets.enable_progress_bars()
 
 
 def read_lines(path: Path) -> list[str]:
@@ -83,7 +100,8 @@ def _pairs(ds: datasets.Dataset, cfg: DataConfig, where: str) -> datasets.Datase
                     f"{where}: language {e.args[0]!r} is not in its translation column (found {', '.join(rows[0])}); set data.src/data.tgt"
                 ) from None
 
-        return ds.map(split_translation, batched=True, remove_columns=cols)
+        with progress_bars_if_large(len(ds)):
+            return ds.map(split_translation, batched=True, remove_columns=cols)
     src_col, tgt_col = cfg.src_column or cfg.src, cfg.tgt_column or cfg.tgt
     missing = [c for c in (src_col, tgt_col) if c not in cols]
     if missing:
@@ -142,5 +160,6 @@ def _as_text(ds: datasets.Dataset) -> datasets.Dataset:
     text (an empty pair is then dropped from training and counted)."""
     if all(isinstance(x, str) for side in ("src", "tgt") for x in ds[side]):
         return ds
-    return ds.map(lambda b: {side: ["" if x is None else str(x) for x in b[side]] for side in ("src", "tgt")},
-                  batched=True)  # fmt: skip
+    with progress_bars_if_large(len(ds)):
+        return ds.map(lambda b: {side: ["" if x is None else str(x) for x in b[side]] for side in ("src", "tgt")},
+                      batched=True)  # fmt: skip

@@ -2,5 +2,6 @@
 
 from .beam import Hypothesis, beam_search
 from .greedy import greedy_search
+from .source import MAX_LEN_A, MAX_LEN_B
 
-__all__ = ["Hypothesis", "beam_search", "greedy_search"]
+__all__ = ["MAX_LEN_A", "MAX_LEN_B", "Hypothesis", "beam_search", "greedy_search"]

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model import EncoderDecoder
+from ..model import DecoderCache, EncoderDecoder, SequenceLayout
+from .source import MAX_LEN_A, MAX_LEN_B, max_target_lengths, select_encoded
 
 
 @dataclass
@@ -23,8 +24,8 @@ def beam_search(
     eos_id: int,
     beam_size: int = 5,
     length_penalty: float = 1.0,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
+    max_len_a: float = MAX_LEN_A,
+    max_len_b: int = MAX_LEN_B,
     nbest: int = 1,
     use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
@@ -68,81 +69,128 @@ def beam_search(
         raise ValueError(f"beam_size={beam_size} must be at least 1")
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}")
-    B, K, device = src.size(0), beam_size, src.device
-    src_len = src.ne(model.pad_id).sum(dim=1)  # (B,)
-    max_len = (src_len.double() * max_len_a + max_len_b).long()  # float64, int(): as Python computes it
-    max_len = max_len.clamp(0, model.tgt_embed.max_positions)  # (B,)
-    steps = int(max_len.max()) if B else 0
-
-    # Finished hypotheses per sentence, best first: scores (-inf: none yet), tokens (-1 after the end), lengths.
-    fin_scores = torch.full((B, K), float("-inf"), device=device)  # (B, K)
-    fin_tokens = torch.full((B, K, max(steps, 1)), -1, dtype=torch.long, device=device)  # (B, K, steps)
-    fin_scores[max_len.eq(0), 0] = 0.0  # no tokens allowed: one empty hypothesis
-
+    K, device = beam_size, src.device
+    max_len, steps = max_target_lengths(model, src, max_len_a, max_len_b)  # (B,), int
+    finished = Finished.start(max_len, K, steps)
     rows = max_len.gt(0).nonzero().squeeze(1)  # (n,) batch index of each unfinished sentence
-    if len(rows):
-        memory, src_padding = model.encode(src[rows])  # (n, S, d), (n, S) or None
-    n = len(rows)
-    prefix = torch.full((n, 1), bos_id, dtype=torch.long, device=device)  # (n*K, t + 1) BOS + tokens; n at t = 0
-    scores = torch.full((n, K), float("-inf"), device=device)  # (n, K) summed log-probabilities
+    if len(rows) == 0:
+        return finished.hypotheses(nbest)
+    memory, src_layout = model.encode(src[rows])  # (n, S, d), n rows
+    prefix = torch.full((len(rows), 1), bos_id, dtype=torch.long, device=device)  # (n*K, t + 1); n at t = 0
+    scores = torch.full((len(rows), K), float("-inf"), device=device)  # (n, K) summed log-probabilities
     scores[:, 0] = 0.0  # one live beam per sentence on the first step
     cache = model.new_cache() if use_cache else None
     C = min(2 * K, K * model.output.out_features)  # candidates per sentence and step
-    for t in range(steps if n else 0):
-        n = len(rows)
+    for t in range(steps):
         tgt = prefix[:, -1:] if use_cache else prefix
-        logits = model.decode(tgt, memory, src_padding, cache)[:, -1]  # (n*K, V); (n, V) at t = 0
-        if t == 0:  # the encoder output was projected once per sentence; now each sentence gets K beams
-            beams = torch.arange(n, device=device).repeat_interleave(K)  # (n*K,)
-            logits, prefix, memory = logits[beams], prefix[beams], memory[beams]
-            src_padding = None if src_padding is None else src_padding[beams]
-            if cache is not None:
-                cache.reorder(beams)
+        logits = model.decode(tgt, memory, src_layout, cache)[:, -1]  # (n*K, V); (n, V) at t = 0
+        if t == 0:
+            logits, prefix, memory, src_layout = expand_to_beams(K, logits, prefix, memory, src_layout, cache)
+        n = len(rows)
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(n, K, -1)  # (n, K, V)
-        V = lprobs.size(-1)
-        cand = (scores[:, :, None] + lprobs).view(n, K * V)
-        top_scores, top_idx = cand.topk(C, dim=1)  # (n, C), best first
-        beam, token = top_idx // V, top_idx % V  # (n, C) source beam and new token of each candidate
+        top_scores, source, token = candidates(scores, lprobs, C)  # (n, C) each, best first
         is_eos = token.eq(eos_id)
-        at_limit = max_len[rows].eq(t + 1)[:, None]  # (n, 1) this step reaches the sentence's maximum length
-        ends = (is_eos | at_limit) & top_scores.isfinite()
+
+        # the best K candidates that end, with EOS or at the sentence's maximum length, join its finished
+        ends = (is_eos | max_len[rows].eq(t + 1)[:, None]) & top_scores.isfinite()  # (n, C)
         ends[:, K:] = False  # only the best K candidates can finish (fairseq)
-
-        # finish: merge the ending candidates into each sentence's K best finished, all sentences at once
-        source = torch.arange(n, device=device)[:, None] * K + beam  # (n, C) rows of prefix
-        seqs = torch.cat([prefix[source][:, :, 1:], token[:, :, None]], dim=2)  # (n, C, t + 1)
-        seqs[:, :, t].masked_fill_(is_eos, -1)  # an EOS is not a token of the hypothesis
-        seqs = F.pad(seqs, (0, fin_tokens.size(2) - t - 1), value=-1)  # (n, C, steps)
         ended = top_scores.masked_fill(~ends, float("-inf")) / float(t + 1) ** length_penalty  # (n, C)
-        merged = torch.cat([fin_scores[rows], ended], dim=1)  # (n, K + C): finished first, so ties keep them
-        order = merged.sort(dim=1, descending=True, stable=True).indices[:, :K]  # (n, K)
-        fin_scores[rows] = merged.gather(1, order)
-        all_tokens = torch.cat([fin_tokens[rows], seqs], dim=1)  # (n, K + C, steps)
-        fin_tokens[rows] = all_tokens.gather(1, order[:, :, None].expand(-1, -1, all_tokens.size(2)))
+        finished.merge(rows, candidate_tokens(prefix, source, token, is_eos), ended)
 
-        # the best K candidates that do not end with EOS stay live
-        live_scores = top_scores.masked_fill(is_eos, float("-inf"))
-        pick = (is_eos.long() * C + torch.arange(C, device=device)).topk(K, dim=1, largest=False).indices  # (n, K)
-        scores = live_scores.gather(1, pick)  # (n, K)
-        order = source.gather(1, pick)  # (n, K) rows of prefix to extend
-        new_tokens = token.gather(1, pick)  # (n, K)
-
+        scores, order, new_tokens = select_live(top_scores, source, token, is_eos, K)  # (n, K) each
         best_live = scores[:, 0] / float(t + 1) ** length_penalty  # (n,) at its current length
-        going = best_live.gt(fin_scores[rows, K - 1]) & max_len[rows].gt(t + 1)  # worst kept: -inf until K
+        going = best_live.gt(finished.worst(rows)) & max_len[rows].gt(t + 1)  # (n,)
         keep = going.nonzero().squeeze(1)  # (n',) sentences going on
         if len(keep) == 0:
             break
         if len(keep) < n:  # drop finished sentences from the batch
             rows, scores, order, new_tokens = rows[keep], scores[keep], order[keep], new_tokens[keep]
-            beams_kept = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)  # (n'*K,)
-            memory = memory[beams_kept]
-            src_padding = None if src_padding is None else src_padding[beams_kept]
-        order = order.view(-1)
-        prefix = torch.cat([prefix[order], new_tokens.view(-1, 1)], dim=1)
+            memory, src_layout = select_encoded(memory, src_layout, beam_rows(keep, K))
+        order = order.view(-1)  # (n'*K,) rows of prefix to extend
+        prefix = torch.cat([prefix[order], new_tokens.view(-1, 1)], dim=1)  # (n'*K, t + 2)
         if cache is not None:
             cache.reorder(order)
+    return finished.hypotheses(nbest)
 
-    results, inf = [], float("inf")
-    for scores_b, tokens_b in zip(fin_scores[:, :nbest].tolist(), fin_tokens[:, :nbest].tolist()):
-        results.append([Hypothesis([x for x in seq if x >= 0], s) for s, seq in zip(scores_b, tokens_b) if s > -inf])
-    return results
+
+def beam_rows(sentences: Tensor, K: int) -> Tensor:
+    """The rows (n'*K,) of the K beams of each of the sentences (n',), beams being rows sentence * K + k."""
+    return (sentences[:, None] * K + torch.arange(K, device=sentences.device)).view(-1)  # (n'*K,)
+
+
+def expand_to_beams(
+    K: int, logits: Tensor, prefix: Tensor, memory: Tensor, src_layout: SequenceLayout, cache: DecoderCache | None
+):
+    """After the first step, which ran once per sentence (n rows) so that its K beams start out distinct: every
+    row repeated K times, (n*K, ...), in the logits, the prefix, the encoder output and the cache."""
+    beams = torch.arange(logits.size(0), device=logits.device).repeat_interleave(K)  # (n*K,)
+    if cache is not None:
+        cache.reorder(beams)
+    return logits[beams], prefix[beams], *select_encoded(memory, src_layout, beams)
+
+
+def candidates(scores: Tensor, lprobs: Tensor, C: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The best C one-token extensions per sentence over its K beams x V tokens, best first: their summed
+    log-probabilities, the prefix row each extends (sentence * K + beam) and the new token; each (n, C)."""
+    n, K, V = lprobs.shape
+    cand = (scores[:, :, None] + lprobs).view(n, K * V)  # (n, K*V)
+    top_scores, top_idx = cand.topk(C, dim=1)  # (n, C), best first
+    beam, token = top_idx // V, top_idx % V  # (n, C) source beam and new token of each candidate
+    source = torch.arange(n, device=lprobs.device)[:, None] * K + beam  # (n, C) rows of prefix
+    return top_scores, source, token
+
+
+def candidate_tokens(prefix: Tensor, source: Tensor, token: Tensor, is_eos: Tensor) -> Tensor:
+    """The generated ids (n, C, t + 1) of each candidate (n, C) at step t: the prefix row (n*K, t + 1) it extends
+    without BOS, then its new token (-1 for EOS, which is not a token of the hypothesis)."""
+    seqs = torch.cat([prefix[source][:, :, 1:], token[:, :, None]], dim=2)  # (n, C, t + 1)
+    seqs[:, :, -1].masked_fill_(is_eos, -1)
+    return seqs
+
+
+def select_live(top_scores: Tensor, source: Tensor, token: Tensor, is_eos: Tensor, K: int):
+    """The best K candidates (of C, best first) that do not end with EOS: their summed log-probabilities, the
+    prefix rows they extend and their new tokens; each (n, K)."""
+    C = top_scores.size(1)
+    live_scores = top_scores.masked_fill(is_eos, float("-inf"))  # (n, C)
+    pick = (is_eos.long() * C + torch.arange(C, device=token.device)).topk(K, dim=1, largest=False).indices  # (n, K)
+    return live_scores.gather(1, pick), source.gather(1, pick), token.gather(1, pick)
+
+
+@dataclass
+class Finished:
+    """Each sentence's K best finished hypotheses, best first."""
+
+    scores: Tensor  # (B, K) length-normalised; -inf: none yet
+    tokens: Tensor  # (B, K, steps) generated ids, -1 after the end
+
+    @classmethod
+    def start(cls, max_len: Tensor, K: int, steps: int) -> "Finished":
+        B, device = max_len.size(0), max_len.device
+        scores = torch.full((B, K), float("-inf"), device=device)  # (B, K)
+        tokens = torch.full((B, K, max(steps, 1)), -1, dtype=torch.long, device=device)  # (B, K, steps)
+        scores[max_len.eq(0), 0] = 0.0  # no tokens allowed: one empty hypothesis
+        return cls(scores, tokens)
+
+    def merge(self, rows: Tensor, seqs: Tensor, ended: Tensor) -> None:
+        """Candidates (n, C, t + 1) scored `ended` (n, C; -inf: not ending) join the finished of sentences rows
+        (n,), all sentences at once; each keeps its K best."""
+        K, steps = self.scores.size(1), self.tokens.size(2)
+        seqs = F.pad(seqs, (0, steps - seqs.size(2)), value=-1)  # (n, C, steps)
+        merged = torch.cat([self.scores[rows], ended], dim=1)  # (n, K + C): finished first, so ties keep them
+        order = merged.sort(dim=1, descending=True, stable=True).indices[:, :K]  # (n, K)
+        self.scores[rows] = merged.gather(1, order)
+        all_tokens = torch.cat([self.tokens[rows], seqs], dim=1)  # (n, K + C, steps)
+        self.tokens[rows] = all_tokens.gather(1, order[:, :, None].expand(-1, -1, all_tokens.size(2)))
+
+    def worst(self, rows: Tensor) -> Tensor:
+        """The worst kept score of sentences rows (n,): -inf until they have K."""
+        return self.scores[rows, -1]  # (n,)
+
+    def hypotheses(self, nbest: int) -> list[list[Hypothesis]]:
+        results, inf = [], float("inf")
+        for scores_b, tokens_b in zip(self.scores[:, :nbest].tolist(), self.tokens[:, :nbest].tolist()):
+            results.append(
+                [Hypothesis([x for x in seq if x >= 0], s) for s, seq in zip(scores_b, tokens_b) if s > -inf]
+            )
+        return results

@@ -4,6 +4,7 @@ import torch
 from torch import Tensor
 
 from ..model import EncoderDecoder
+from .source import MAX_LEN_A, MAX_LEN_B, max_target_lengths, select_encoded
 
 
 @torch.no_grad()
@@ -12,8 +13,8 @@ def greedy_search(
     src: Tensor,
     bos_id: int,
     eos_id: int,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
+    max_len_a: float = MAX_LEN_A,
+    max_len_b: int = MAX_LEN_B,
     use_cache: bool = True,
 ) -> list[list[int]]:
     """Most likely next token at each step, for a batch of right-padded sources (B, S).
@@ -26,11 +27,8 @@ def greedy_search(
     leave the batch. Put the model in eval mode first; an enclosing autocast applies as usual.
     """
     B = src.size(0)
-    memory, src_padding = model.encode(src)  # (B, S, d), (B, S) or None
-    src_len = src.ne(model.pad_id).sum(dim=1)  # (B,)
-    max_len = (src_len.double() * max_len_a + max_len_b).long()  # float64, int(): as Python computes it
-    max_len = max_len.clamp(0, model.tgt_embed.max_positions)  # (B,)
-    steps = int(max_len.max()) if B else 0
+    memory, src_layout = model.encode(src)  # (B, S, d), B rows
+    max_len, steps = max_target_lengths(model, src, max_len_a, max_len_b)  # (B,), int
 
     out = torch.full((B, steps), eos_id, dtype=torch.long, device=src.device)  # (B, steps) generated ids
     rows = torch.arange(B, device=src.device)  # (n,) batch index of each unfinished sentence
@@ -38,7 +36,7 @@ def greedy_search(
     cache = model.new_cache() if use_cache else None
     for t in range(steps):
         tgt = prefix[:, -1:] if use_cache else prefix
-        logits = model.decode(tgt, memory, src_padding, cache)[:, -1]  # (n, V)
+        logits = model.decode(tgt, memory, src_layout, cache)[:, -1]  # (n, V)
         token = logits.argmax(dim=-1)  # (n,)
         out[rows, t] = token
         prefix = torch.cat([prefix, token[:, None]], dim=1)
@@ -46,8 +44,8 @@ def greedy_search(
         if len(keep) == 0:
             break
         if len(keep) < len(rows):  # drop finished sentences from the batch
-            rows, prefix, memory = rows[keep], prefix[keep], memory[keep]
-            src_padding = None if src_padding is None else src_padding[keep]
+            rows, prefix = rows[keep], prefix[keep]
+            memory, src_layout = select_encoded(memory, src_layout, keep)
             if cache is not None:
                 cache.reorder(keep)
 

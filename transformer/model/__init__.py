@@ -1,10 +1,12 @@
 """The Transformer in plain PyTorch: no Lightning or Hydra here."""
 
-from .attention import KVCache, MultiHeadAttention, attention_mask
-from .config import MODEL_SIZES, ModelConfig
+from .attention import KVCache, MultiHeadAttention
+from .config import MODEL_SIZES, ModelConfig, RuntimeConfig
+from .layout import SequenceLayout
+from .masks import AttentionMask, attention_mask
 from .transformer import DecoderCache, EncoderDecoder, build_model
 
 __all__ = [
-    "MODEL_SIZES", "DecoderCache", "EncoderDecoder", "KVCache", "ModelConfig", "MultiHeadAttention",
-    "attention_mask", "build_model",
+    "MODEL_SIZES", "AttentionMask", "DecoderCache", "EncoderDecoder", "KVCache", "ModelConfig", "MultiHeadAttention",
+    "RuntimeConfig", "SequenceLayout", "attention_mask", "build_model",
 ]  # fmt: skip

@@ -1,4 +1,5 @@
-"""The model's one config: plain numbers and strings, so it can live in a checkpoint's hyperparameters."""
+"""What the model is (ModelConfig, saved in a checkpoint's hyperparameters) and how it runs (RuntimeConfig, chosen
+anew by every training, evaluation or translation): plain numbers and strings."""
 
 from dataclasses import dataclass, fields
 
@@ -37,9 +38,6 @@ class ModelConfig:
     share_embeddings: bool = True  # one table for source and target tokens (joint vocabulary)
     tie_output: bool = True  # output projection = target embedding table
     window: int | None = None  # self-attention sees keys within this many positions
-    attention_backend: str = "auto"
-    padding_free_attention: bool = False  # encoder and cross attention over real tokens only (nested jagged SDPA)
-    activation_checkpointing: bool = False  # training recomputes each layer's activations in backward: less memory
 
     def __post_init__(self):
         check_field_types(self, "model")
@@ -48,7 +46,6 @@ class ModelConfig:
         for name, value, choices in (
             ("activation", self.activation, ACTIVATIONS),
             ("positions", self.positions, POSITIONS),
-            ("attention_backend", self.attention_backend, tuple(SDPA_BACKENDS)),
         ):
             if value not in choices:
                 raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
@@ -62,6 +59,12 @@ class ModelConfig:
                 raise ValueError(f"pad_id={self.pad_id} is outside {name}={getattr(self, name)}")
 
     @classmethod
+    def from_dict(cls, values: dict) -> "ModelConfig":
+        """A checkpoint's saved model hyperparameters; those written before RuntimeConfig existed also hold its
+        fields, which say nothing about the architecture and are dropped."""
+        return cls(**{k: v for k, v in values.items() if k not in RUNTIME_FIELDS})
+
+    @classmethod
     def from_size(cls, size: str, **overrides) -> "ModelConfig":
         """A named size (tiny, small, base, big) with any field overridden."""
         if size not in MODEL_SIZES:
@@ -70,3 +73,21 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown model config field(s) {', '.join(sorted(unknown))}")
         return cls(**{**MODEL_SIZES[size], **overrides})
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the model runs, not what it is: outputs are the same either way (to rounding), so any choice loads any
+    checkpoint, and a model trained with one backend decodes with another."""
+
+    attention_backend: str = "auto"  # SDPA kernel: auto, flash, efficient, cudnn, math
+    padding_free_attention: bool = False  # encoder and cross attention over real tokens only (nested jagged SDPA)
+    activation_checkpointing: bool = False  # training recomputes each layer's activations in backward: less memory
+
+    def __post_init__(self):
+        check_field_types(self, "runtime")
+        if self.attention_backend not in SDPA_BACKENDS:
+            raise ValueError(f"attention_backend={self.attention_backend!r} is not one of {', '.join(SDPA_BACKENDS)}")
+
+
+RUNTIME_FIELDS = frozenset(f.name for f in fields(RuntimeConfig))

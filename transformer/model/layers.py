@@ -5,8 +5,9 @@ from collections.abc import Callable
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
-from .config import ModelConfig
+from .config import ModelConfig, RuntimeConfig
 from .dropout import Dropout
+from .masks import AttentionMask
 
 
 class Residual(nn.Module):
@@ -36,31 +37,32 @@ class FeedForward(nn.Module):
         return self.fc2(self.dropout(self.activation(self.fc1(x))))
 
 
-def _attention(cfg: ModelConfig, window: int | None) -> MultiHeadAttention:
+def _attention(cfg: ModelConfig, runtime: RuntimeConfig | None, window: int | None) -> MultiHeadAttention:
+    runtime = runtime or RuntimeConfig()
     return MultiHeadAttention(
-        cfg.d_model, cfg.n_heads, dropout=cfg.attention_dropout, window=window, backend=cfg.attention_backend,
-        padding_free=cfg.padding_free_attention,
+        cfg.d_model, cfg.n_heads, dropout=cfg.attention_dropout, window=window, backend=runtime.attention_backend,
+        padding_free=runtime.padding_free_attention,
     )  # fmt: skip
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, runtime: RuntimeConfig | None = None):
         super().__init__()
-        self.self_attn = _attention(cfg, cfg.window)
+        self.self_attn = _attention(cfg, runtime, cfg.window)
         self.ff = FeedForward(cfg)
         self.attn_block = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ff_block = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
 
-    def forward(self, x: Tensor, src_padding: Tensor | None) -> Tensor:
-        x = self.attn_block(x, lambda h: self.self_attn(h, h, h, key_padding_mask=src_padding)[0])
+    def forward(self, x: Tensor, mask: AttentionMask) -> Tensor:
+        x = self.attn_block(x, lambda h: self.self_attn(h, h, h, mask=mask)[0])
         return self.ff_block(x, self.ff)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, runtime: RuntimeConfig | None = None):
         super().__init__()
-        self.self_attn = _attention(cfg, cfg.window)
-        self.cross_attn = _attention(cfg, None)
+        self.self_attn = _attention(cfg, runtime, cfg.window)
+        self.cross_attn = _attention(cfg, runtime, None)
         self.ff = FeedForward(cfg)
         self.self_attn_block = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.cross_attn_block = Residual(cfg.d_model, cfg.dropout, cfg.norm_first)
@@ -70,13 +72,14 @@ class DecoderLayer(nn.Module):
         self,
         x: Tensor,
         memory: Tensor,
-        src_padding: Tensor | None,
+        self_mask: AttentionMask,
+        cross_mask: AttentionMask,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
     ) -> Tensor:
-        # Targets are right-padded, so pad keys lie in every real query's future: causal alone suffices.
-        x = self.self_attn_block(x, lambda h: self.self_attn(h, h, h, is_causal=True, cache=self_cache)[0])
+        """self_mask: causal over the targets (masks.causal); cross_mask: the source padding (masks.key_padding)."""
+        x = self.self_attn_block(x, lambda h: self.self_attn(h, h, h, mask=self_mask, cache=self_cache)[0])
         x = self.cross_attn_block(
-            x, lambda h: self.cross_attn(h, memory, memory, key_padding_mask=src_padding, cache=cross_cache)[0]
+            x, lambda h: self.cross_attn(h, memory, memory, mask=cross_mask, cache=cross_cache)[0]
         )
         return self.ff_block(x, self.ff)

@@ -6,10 +6,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import KVCache, MultiHeadAttention
-from .config import ModelConfig
+from .attention import KVCache
+from .config import ModelConfig, RuntimeConfig
 from .embedding import Embeddings
 from .layers import DecoderLayer, EncoderLayer
+from .layout import SequenceLayout
+from .masks import AttentionMask, attention_mask, causal, key_padding
 
 
 @dataclass
@@ -46,9 +48,9 @@ class Encoder(nn.Module):
         self.norm = final_norm
         self.checkpointed = checkpointed
 
-    def forward(self, x: Tensor, src_padding: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: AttentionMask) -> Tensor:
         for layer in self.layers:
-            x = _run(layer, self.checkpointed, x, src_padding)
+            x = _run(layer, self.checkpointed, x, mask)
         return self.norm(x)
 
 
@@ -59,59 +61,80 @@ class Decoder(nn.Module):
         self.norm = final_norm
         self.checkpointed = checkpointed
 
-    def forward(
-        self, x: Tensor, memory: Tensor, src_padding: Tensor | None, cache: DecoderCache | None = None
-    ) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, self_mask: AttentionMask, cross_mask: AttentionMask,
+                cache: DecoderCache | None = None) -> Tensor:  # fmt: skip
         for i, layer in enumerate(self.layers):
             self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
-            x = _run(layer, self.checkpointed and cache is None, x, memory, src_padding, self_cache, cross_cache)
+            x = _run(layer, self.checkpointed and cache is None, x, memory, self_mask, cross_mask, self_cache,
+                     cross_cache)  # fmt: skip
         return self.norm(x)
 
 
 class EncoderDecoder(nn.Module):
-    """src (B, S) and tgt (B, T) token ids -> logits (B, T, V); no softmax (the loss takes logits)."""
+    """src (B, S) and tgt (B, T) token ids -> logits (B, T, V); no softmax (the loss takes logits).
+
+    What the source padding means (a SequenceLayout) is worked out once per batch, and from it each kind of attention
+    gets its mask once (encoder self-attention, cross-attention; the decoder's is causal), shared by all layers.
+    """
 
     def __init__(self, encoder: Encoder, decoder: Decoder, src_embed: Embeddings, tgt_embed: Embeddings,
-                 output: nn.Linear, pad_id: int):  # fmt: skip
+                 output: nn.Linear, pad_id: int, window: int | None = None, padding_free: bool = False):  # fmt: skip
         super().__init__()
         self.encoder, self.decoder = encoder, decoder
         self.src_embed, self.tgt_embed = src_embed, tgt_embed
         self.output = output
-        self.pad_id = pad_id
+        self.pad_id, self.window, self.padding_free = pad_id, window, padding_free
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Returns memory (B, S, d) and the source padding mask (B, S), True = padding; None when
-        nothing is padded, so that attention can use its unmasked kernels."""
-        src_padding = src.eq(self.pad_id)
-        if not src_padding.any():
-            src_padding = None
-        return self.encoder(self.src_embed(src), src_padding), src_padding
+    def source_layout(self, src: Tensor) -> SequenceLayout:
+        """The layout of source ids (B, S), padding where they are pad_id: one sync, for its host facts."""
+        return SequenceLayout.of(src, self.pad_id, packed=self.padding_free)
+
+    def encode(self, src: Tensor, src_layout: SequenceLayout | None = None) -> tuple[Tensor, SequenceLayout]:
+        """Returns memory (B, S, d) and the source's layout, which decode takes (`layout[rows]` selects rows).
+        Training passes the collator's layout (SequenceLayout.right_padded), so that nothing waits on the device."""
+        layout = self.source_layout(src) if src_layout is None else src_layout
+        if self.window is None:
+            mask = key_padding(layout, self_attention=True)
+        else:  # each query's window of keys, less padding: padded queries far from any real key have none
+            B, S = src.shape
+            mask = attention_mask(layout.padding, None, batch=B, heads=1, q_len=S, k_len=S, window=self.window,
+                                  device=src.device, every_query_has_a_key=not layout.padded)  # fmt: skip
+        return self.encoder(self.src_embed(src), mask), layout
 
     def decode(
         self,
         tgt: Tensor,
         memory: Tensor,
-        src_padding: Tensor | None,
+        src_layout: SequenceLayout,
         cache: DecoderCache | None = None,
         where: Tensor | None = None,
     ) -> Tensor:
-        """Logits for each position of tgt, (B, T, V); with a cache, tgt holds only the new tokens. With `where`
-        (B, T, bool), logits only at its True positions, (N, V): training needs none at padding."""
+        """Logits for each position of tgt, (B, T, V); with a cache, tgt holds only the new tokens. With `where`,
+        logits only at its True positions, (N, V): training needs none at padding. `where` is a (B, T) bool mask, or
+        the (N,) flat positions b * T + t of its True entries, which select without a sync."""
         offset = 0 if cache is None else len(cache)
-        x = self.decoder(self.tgt_embed(tgt, offset), memory, src_padding, cache)  # (B, T, d)
-        return self.output(x if where is None else x[where])
+        T = tgt.size(1)
+        self_mask = causal(T, offset + T, self.window, tgt.device)
+        cross_mask = key_padding(src_layout, pack=cache is None)  # a decoding step's few queries gain nothing from it
+        x = self.decoder(self.tgt_embed(tgt, offset), memory, self_mask, cross_mask, cache)  # (B, T, d)
+        if where is not None:
+            x = x[where] if where.dtype == torch.bool else x.flatten(0, 1).index_select(0, where)  # (N, d)
+        return self.output(x)
 
-    def forward(self, src: Tensor, tgt: Tensor, where: Tensor | None = None) -> Tensor:
-        memory, src_padding = self.encode(src)
-        return self.decode(tgt, memory, src_padding, where=where)
+    def forward(self, src: Tensor, tgt: Tensor, where: Tensor | None = None,
+                src_layout: SequenceLayout | None = None) -> Tensor:  # fmt: skip
+        memory, layout = self.encode(src, src_layout)
+        return self.decode(tgt, memory, layout, where=where)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache.empty(len(self.decoder.layers))
 
 
-def build_model(cfg: ModelConfig) -> EncoderDecoder:
+def build_model(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> EncoderDecoder:
+    """The model `cfg` describes, run as `runtime` says (default RuntimeConfig())."""
+    runtime = runtime or RuntimeConfig()
     learned = cfg.positions == "learned"
-    checkpointed = cfg.activation_checkpointing
+    checkpointed = runtime.activation_checkpointing
     src_tokens = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
     tgt_tokens = (
         src_tokens if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
@@ -121,12 +144,14 @@ def build_model(cfg: ModelConfig) -> EncoderDecoder:
         return nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
 
     model = EncoderDecoder(
-        encoder=Encoder([EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers)], final_norm(), checkpointed),
-        decoder=Decoder([DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers)], final_norm(), checkpointed),
+        encoder=Encoder([EncoderLayer(cfg, runtime) for _ in range(cfg.n_encoder_layers)], final_norm(), checkpointed),
+        decoder=Decoder([DecoderLayer(cfg, runtime) for _ in range(cfg.n_decoder_layers)], final_norm(), checkpointed),
         src_embed=Embeddings(src_tokens, cfg.max_positions, learned, cfg.dropout),
         tgt_embed=Embeddings(tgt_tokens, cfg.max_positions, learned, cfg.dropout),
         output=nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False),
         pad_id=cfg.pad_id,
+        window=cfg.window,
+        padding_free=runtime.padding_free_attention,
     )
     _init_weights(model, cfg)
     if cfg.tie_output:
@@ -135,17 +160,14 @@ def build_model(cfg: ModelConfig) -> EncoderDecoder:
 
 
 def _init_weights(model: EncoderDecoder, cfg: ModelConfig) -> None:
-    """Xavier-uniform projections with zero biases; embeddings N(0, d^-1/2), so that after the
-    sqrt(d) scaling tokens have unit variance and tied output logits start small."""
+    """Xavier-uniform projections with zero biases (attention in-projections are so already, from
+    MultiHeadAttention); embeddings N(0, d^-1/2), so that after the sqrt(d) scaling tokens have unit variance and tied
+    output logits start small."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
             nn.init.xavier_uniform_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, MultiHeadAttention):
-            nn.init.xavier_uniform_(module.in_proj_weight)
-            if module.in_proj_bias is not None:
-                nn.init.zeros_(module.in_proj_bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=cfg.d_model**-0.5)
             nn.init.zeros_(module.weight[cfg.pad_id])

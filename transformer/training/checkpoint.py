@@ -1,66 +1,102 @@
-"""Checkpoints that survive interruption: atomic writes, best-by-BLEU, a checkpoint on SIGTERM or Ctrl-C."""
+"""Checkpoints that survive interruption: atomic writes, best-by-BLEU, last.ckpt, a checkpoint on SIGTERM or Ctrl-C."""
 
+import errno
 import fcntl
-import math
 import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
 
 import torch
 from lightning_fabric.plugins import TorchCheckpointIO
-from pytorch_lightning import Callback, LightningModule, Trainer
-from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning import LightningModule, Trainer
+from pytorch_lightning.callbacks import Checkpoint, ModelCheckpoint
+from pytorch_lightning.trainer.states import TrainerFn
 
 from .errors import TrainingError
+from .exact_resume import SaveMoment, save_moment
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes to a temporary file beside the target, syncs it to disk, then renames it over the target:
     a kill at any moment leaves the old checkpoint or the new one, never a truncated file. (Lightning's own
-    save stages the file in the system temp folder, and moving it across filesystems is a copy.)"""
+    save stages the file in the system temp folder, and moving it across filesystems is a copy.) A full disk
+    stops training with one line; the temporary file is removed and the old checkpoint stays."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         if "://" in str(path):  # remote storage: its own transaction semantics
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it private; a checkpoint gets the usual file mode
         try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a power cut
-        finally:
-            os.close(dir_fd)
+            _write_atomically(checkpoint, path)
+        except Exception as e:
+            full = _disk_full(e, checkpoint, path)
+            if full is None:
+                raise
+            raise full from None
 
 
-def at_epoch_end(trainer: Trainer) -> bool:
-    """True after the epoch's last training batch, until the epoch ends. Lightning cannot resume exactly from a
-    checkpoint written at that batch's end (it loses the next epoch's first batches; one written after the
-    epoch's validation is fine), so saves due then wait for on_train_epoch_end."""
-    return trainer.state.fn == "fit" and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+def _write_atomically(checkpoint: dict, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it private; a checkpoint gets the usual file mode
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
 
 
-def validation_due(trainer: Trainer, batch_idx: int) -> bool:
-    """True when a validation runs after this training batch (mid-epoch, by val_check_interval). A checkpoint
-    written before it would resume past it: that validation, its BLEU and best checkpoint would be lost."""
-    every = trainer.val_check_batch
-    if not trainer.enable_validation or every is None or math.isinf(every) or at_epoch_end(trainer):
-        return False
-    if trainer.check_val_every_n_epoch is None:  # validation every N steps across epochs
-        return trainer.global_step % every == 0
-    return (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch == 0 and (batch_idx + 1) % every == 0
+class _ByteCount:
+    """A write-only file that counts what torch.save writes to it: a checkpoint's size without a disk."""
+
+    def __init__(self):
+        self.size = 0
+
+    def write(self, data) -> int:
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+# torch.save reports a failed write as a RuntimeError from its zip writer, not as an OSError
+_FAILED_WRITE = ("unexpected pos", "file write failed", "failed writing")
+
+
+def _disk_full(error: Exception, checkpoint: dict, path: Path) -> TrainingError | None:
+    """A one-line TrainingError if `error` came from the disk filling up (OSError ENOSPC, or torch's failed
+    write confirmed by too little free space), else None."""
+    chain, e = [], error
+    while e is not None and len(chain) < 8:  # closing the file may raise again while the first error unwinds
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    enospc = any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain)
+    failed_write = any(isinstance(e, RuntimeError) and any(s in str(e) for s in _FAILED_WRITE) for e in chain)
+    if not (enospc or failed_write):
+        return None
+    needed = _ByteCount()
+    torch.save(checkpoint, needed)
+    free = shutil.disk_usage(path.parent).free
+    if not enospc and free >= needed.size:
+        return None  # a failed write with room to spare: not a full disk, so the original error stands
+    last = path.parent / "last.ckpt"
+    then = (f"{last} is intact: free space and resume with ckpt_path={last}" if last.exists()
+            else "free space there, or give the run a folder on another disk (hydra.run.dir)")  # fmt: skip
+    return TrainingError(f"disk full: {path.parent} has {free:,} bytes free, {path.name} needs {needed.size:,}; {then}")
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -70,65 +106,70 @@ class BestCheckpoint(ModelCheckpoint):
     def on_validation_start(self, trainer: Trainer, module: LightningModule) -> None:
         trainer.callback_metrics.pop(self.monitor, None)  # Lightning keeps old values; only this validation's count
 
-    def _save_topk_checkpoint(self, trainer: Trainer, monitor_candidates: dict) -> None:
-        if self.monitor is not None and self.monitor not in monitor_candidates:
-            return
-        super()._save_topk_checkpoint(trainer, monitor_candidates)
+    def _scored(self, trainer: Trainer) -> bool:
+        return self.monitor is None or self.monitor in trainer.callback_metrics
 
-
-class LastCheckpoint(ModelCheckpoint):
-    """last.ckpt after every validation (or epoch), every N training steps if asked, and at the end of
-    training, whatever the scores did: the file that resuming starts from. (A ModelCheckpoint with a monitor
-    and save_last rewrites last.ckpt only when it also saves a best checkpoint.)"""
-
-    def __init__(self, dirpath: str, every_n_train_steps: int | None = None):
-        # Lightning takes step or epoch triggers, not both: the step trigger is kept here.
-        super().__init__(dirpath=dirpath, filename=self.CHECKPOINT_NAME_LAST, monitor=None, save_top_k=1,
-                         enable_version_counter=False)  # fmt: skip
-        self.save_every_n_steps = every_n_train_steps or 0
-        self._save_at_epoch_end = False
-
-    @property
-    def path(self) -> str:
-        return os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
-
-    def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
-        # Resumed from an epoch-end checkpoint, Lightning starts the next epoch afresh only in epoch-based
-        # training; with trainer.max_steps it treats the finished epoch as interrupted and loses the next
-        # epoch's first batches. Do here what it does for epoch-based training.
-        progress = trainer.fit_loop.epoch_progress.current
-        if progress.processed > progress.completed:
-            progress.completed = progress.processed
-            trainer.fit_loop.epoch_loop.restarting = False
-
-    def _save_now(self, trainer: Trainer) -> None:
-        if self._last_global_step_saved != trainer.global_step and not trainer.fast_dev_run:
-            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
-
-    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        if not self.save_every_n_steps or trainer.global_step % self.save_every_n_steps:
-            return
-        if validation_due(trainer, batch_idx):
-            return  # last.ckpt is written after that validation
-        if at_epoch_end(trainer):
-            self._save_at_epoch_end = True
-        else:
-            self._save_now(trainer)
+    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, *args, **kwargs) -> None:
+        if self._scored(trainer):
+            super().on_train_batch_end(trainer, module, *args, **kwargs)
 
     def on_train_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:
-        if self._save_at_epoch_end:
+        if self._scored(trainer):
+            super().on_train_epoch_end(trainer, module)
+
+    def on_validation_end(self, trainer: Trainer, module: LightningModule) -> None:
+        if self._scored(trainer):
+            super().on_validation_end(trainer, module)
+
+
+class LastCheckpoint(Checkpoint):
+    """last.ckpt after every validation, every N training steps if asked, at each epoch's end when the run does
+    not validate, and at the end of training, whatever the scores did: the file that resuming starts from. (A
+    ModelCheckpoint with a monitor and save_last rewrites last.ckpt only when it also saves a best checkpoint.)
+    A Checkpoint, so that Lightning runs it after the other callbacks and adds no checkpoint callback of its own."""
+
+    def __init__(self, dirpath: str, every_n_train_steps: int | None = None):
+        self.path = os.path.join(dirpath, "last.ckpt")
+        self.every_n_steps = every_n_train_steps or 0
+        self._saved_step = 0  # the step of the newest last.ckpt; none is due before the first optimizer step
+        self._save_at_epoch_end = False
+
+    def save(self, trainer: Trainer) -> None:
+        if trainer.global_step != self._saved_step and not trainer.fast_dev_run:
+            trainer.save_checkpoint(self.path)
+            self._saved_step = trainer.global_step
+
+    def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
+        self._saved_step = trainer.global_step  # resumed: that step's checkpoint exists
+
+    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if not self.every_n_steps or trainer.global_step % self.every_n_steps:
+            return
+        moment = save_moment(trainer, batch_idx)
+        if moment is SaveMoment.NOW:
+            self.save(trainer)
+        elif moment is SaveMoment.AT_EPOCH_END:
+            self._save_at_epoch_end = True
+        # after a validation due now, last.ckpt is written as after every validation
+
+    def on_validation_end(self, trainer: Trainer, module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self.save(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:
+        if self._save_at_epoch_end or not trainer.enable_validation:
             self._save_at_epoch_end = False
-            self._save_now(trainer)
-        super().on_train_epoch_end(trainer, module)
+            self.save(trainer)
 
     def on_train_end(self, trainer: Trainer, module: LightningModule) -> None:
-        self._save_now(trainer)
+        self.save(trainer)
 
 
-class CheckpointOnSignal(Callback):
+class CheckpointOnSignal(Checkpoint):
     """SIGTERM or Ctrl-C: finish the current batch, write last.ckpt, exit with 128 + the signal number.
     Stopping at a batch boundary keeps the checkpoint exactly resumable; a second Ctrl-C interrupts at once.
-    (Lightning's own SIGTERM handling exits with status 0 after any scheduled validation, saving nothing.)"""
+    (Lightning's own SIGTERM handling exits with status 0 after any scheduled validation, saving nothing.)
+    A Checkpoint, so that Lightning runs it after the other callbacks, ExactResume's bookkeeping included."""
 
     def __init__(self):
         self.received: int | None = None
@@ -154,14 +195,16 @@ class CheckpointOnSignal(Callback):
         stop = self.received is not None
         if trainer.world_size > 1:  # a signal may reach one rank only; all must save and stop together
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if not stop or (batch_idx + 1) % trainer.accumulate_grad_batches and not at_epoch_end(trainer):
-            return  # go on, or finish the optimizer step's accumulated batches first
-        if at_epoch_end(trainer):
-            self._stop_at_epoch_end = True  # after this epoch's validation, if one is due
-        elif validation_due(trainer, batch_idx):
-            self._stop_after_validation = True  # resuming would skip it: validate first
-        else:
+        if not stop:
+            return
+        moment = save_moment(trainer, batch_idx)
+        if moment is SaveMoment.NOW:
             self._save_and_stop(trainer)
+        elif moment is SaveMoment.AFTER_VALIDATION:
+            self._stop_after_validation = True
+        elif moment is SaveMoment.AT_EPOCH_END:
+            self._stop_at_epoch_end = True
+        # mid-step: the optimizer step's accumulated batches finish first
 
     def on_validation_end(self, trainer: Trainer, module: LightningModule) -> None:
         if self._stop_after_validation:

@@ -1,19 +1,19 @@
 """The LightningModule: label-smoothed loss per target token, AdamW, warmup schedules, validation BLEU."""
 
 import math
-import random
 from dataclasses import asdict
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
-from sacrebleu.metrics import BLEU, CHRF
 
-from ..decoding import greedy_search
-from ..model import ModelConfig, build_model
-from ..model.loss import loss_sum
+from ..data import TranslationDataModule
+from ..model import ModelConfig, RuntimeConfig, build_model
+from ..model.loss import batch_loss_sum
 from .config import OptimConfig, ValidationConfig
 from .errors import TrainingError
+from .exact_resume import ExactResume
+from .scoring import BleuScorer, Score
 
 
 def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
@@ -28,47 +28,63 @@ def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
 
 
 class TranslationModule(pl.LightningModule):
-    """Takes plain values (the fields of a ModelConfig, an OptimConfig and a ValidationConfig), so the
-    checkpoint's hyperparameters rebuild it alone: TranslationModule.load_from_checkpoint(path)."""
+    """Takes plain values (the fields of a ModelConfig, an OptimConfig, a ValidationConfig and a RuntimeConfig), so
+    the checkpoint's hyperparameters rebuild it alone: TranslationModule.load_from_checkpoint(path)."""
 
-    def __init__(self, model: dict, optim: dict, validation: dict | None = None):
+    def __init__(self, model: dict, optim: dict, validation: dict | None = None, runtime: dict | None = None):
         super().__init__()
         self.save_hyperparameters()
-        self.model_config = ModelConfig(**model)
+        self.model_config = ModelConfig.from_dict(model)
         self.optim_config = OptimConfig(**optim)
         self.validation_config = ValidationConfig(**(validation or {}))
-        self.model = build_model(self.model_config)
+        self.runtime_config = RuntimeConfig(**(runtime or {}))
+        self.model = build_model(self.model_config, self.runtime_config)
+        self._step_tokens = 0  # real target tokens of this optimizer step's micro-batches so far (host ints)
         self.validations = 0  # completed validation runs, for bleu_every
-        self.translations: list[tuple[str, str, str]] = []  # (source, reference, hypothesis) of the last scoring
-        self._val_nll, self._val_tokens, self._hypotheses = 0.0, 0, {}
-        self._rng_to_restore = None
+        self.scorer: BleuScorer | None = None  # validation BLEU, set in setup()
+        self.last_score: Score | None = None
+        self._val_nll, self._val_tokens = 0.0, 0
         self.skipped_steps, self._skipped_in_a_row = 0, 0  # fp16 steps the gradient scaler skipped
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)
 
     def _loss_sum(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cross-entropy summed over target tokens, number of target tokens); padding ignored."""
-        return loss_sum(self.model, batch["src"], batch["tgt_in"], batch["tgt_out"], label_smoothing)
+        """(cross-entropy summed over target tokens, number of target tokens); padding ignored, and nothing waits on
+        the device: the collator's host facts describe the batch."""
+        return batch_loss_sum(self.model, batch, label_smoothing)
 
     # Training
 
-    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
-        if self._rng_to_restore is not None:  # resumed: dropout continues the interrupted run's random stream
-            _set_rng_state(self._rng_to_restore)
-            self._rng_to_restore = None
-
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss_sum, tokens = self._loss_sum(batch, self.optim_config.label_smoothing)
-        loss = loss_sum / tokens.clamp(min=1)  # per target token
-        self.log("train/loss", loss, prog_bar=True, batch_size=int(tokens))
-        self._last_batch = (batch_idx, loss.detach(), batch["index"][:8].tolist())  # named if gradients blow up
-        return loss
+        """The loss summed over target tokens: configure_gradient_clipping divides the gradients by the target tokens
+        of the whole optimizer step, all micro-batches and ranks (fairseq's way), not by each micro-batch's."""
+        loss_sum, _ = self._loss_sum(batch, self.optim_config.label_smoothing)
+        tokens = batch["tgt_tokens"]
+        self._step_tokens += tokens
+        loss = loss_sum.detach() / max(tokens, 1)  # per target token, for display
+        self.log("train/loss", loss, prog_bar=True, batch_size=tokens)
+        self._last_batch = (batch_idx, loss, batch["index"][:8])  # named if gradients blow up
+        return loss_sum
+
+    def _gradient_scale(self) -> float | torch.Tensor:
+        """What turns the accumulated gradients into gradients per target token of the optimizer step: Lightning
+        divided each micro-batch's loss by accumulate_grad_batches, and DDP averages gradients over ranks."""
+        tokens, self._step_tokens = self._step_tokens, 0
+        scale = self.trainer.accumulate_grad_batches * self.trainer.world_size
+        if self.trainer.world_size == 1:
+            return scale / max(tokens, 1)
+        total = torch.full((), float(tokens), device=self.device)
+        torch.distributed.all_reduce(total)  # summed over ranks: the step's one collective (no barrier, no sync)
+        return scale / total.clamp(min=1)  # a device tensor: nothing waits for it here
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip by global norm (Trainer's gradient_clip_val) and log the norm before clipping. Runs once per
-        optimizer step, before the step: a non-finite norm stops training before any weight changes."""
+        """Divide the gradients by the step's target tokens (_gradient_scale), then clip by global norm (Trainer's
+        gradient_clip_val) and log the norm before clipping. Lightning calls this once per optimizer step, clipping
+        or not, after fp16 unscaling and before the step: a non-finite norm stops training before any weight
+        changes, and is the one sync of the step."""
         params = [p for p in self.parameters() if p.grad is not None]
+        torch._foreach_mul_([p.grad for p in params], self._gradient_scale())
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if not torch.isfinite(norm):
             self._non_finite_gradients(norm)
@@ -96,31 +112,32 @@ class TranslationModule(pl.LightningModule):
         batch = self._last_batch
         raise TrainingError(
             f"non-finite gradient norm ({norm.item()}) at step {self.global_step} (epoch {self.current_epoch}, "
-            f"batch {batch[0]}, loss {batch[1]:.4g}, examples {batch[2]}); no weights were updated and no "
+            f"batch {batch[0]}, loss {batch[1]:.4g}, examples {batch[2].tolist()}); no weights were updated and no "
             "checkpoint written from it: resume from last.ckpt with a lower optim.lr or trainer.precision=32"
         )
 
     # Validation: loss and perplexity over the whole split; BLEU and chrF from greedy decoding
 
+    def setup(self, stage: str) -> None:
+        """BLEU is scored against the data module's validation split (a scorer set before fit is kept)."""
+        data = self.trainer.datamodule
+        if self.scorer is None and isinstance(data, TranslationDataModule):
+            split = data.validation_split
+            sources, references = list(split["src"]), list(split["tgt"])
+            self.scorer = BleuScorer(data.tgt_tokenizer, sources, references, self.validation_config)
+
     def _scoring(self) -> bool:
         every = self.validation_config.bleu_every
-        return every > 0 and not self.trainer.sanity_checking and self.validations % every == 0
+        if self.scorer is None or every <= 0 or self.trainer.sanity_checking:
+            return False
+        return self.validations % every == 0
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         nll, tokens = self._loss_sum(batch, 0.0)  # unsmoothed, so that val/ppl is a perplexity
         self._val_nll += nll.item()
         self._val_tokens += int(tokens)
         if self._scoring():
-            limit = self.validation_config.bleu_max_sentences
-            rows = torch.arange(len(batch["index"])) if limit is None else torch.nonzero(batch["index"] < limit)[:, 0]
-            if len(rows):
-                hypotheses = self.translate_ids(batch["src"][rows])
-                self._hypotheses.update(zip(batch["index"][rows].tolist(), hypotheses))
-
-    def translate_ids(self, src: torch.Tensor) -> list[list[int]]:
-        """Greedy translations of a padded source batch, as target ids without BOS/EOS."""
-        tok, cfg = self.trainer.datamodule.data.tgt_tokenizer, self.validation_config
-        return greedy_search(self.model, src, tok.bos_id, tok.eos_id, cfg.max_len_a, cfg.max_len_b)
+            self.scorer.add(self.model, batch["src"], batch["index"])
 
     def on_validation_epoch_end(self) -> None:
         sums = torch.tensor([self._val_nll, self._val_tokens], dtype=torch.float64, device=self.device)
@@ -129,35 +146,12 @@ class TranslationModule(pl.LightningModule):
         self._val_nll, self._val_tokens = 0.0, 0
         loss = (sums[0] / sums[1].clamp(min=1)).item()  # NLL per target token over the whole set
         self.log_dict({"val/loss": loss, "val/ppl": math.exp(min(loss, 50))}, prog_bar=True)
-        hypotheses = self._gather(self._hypotheses) if self._scoring() else {}
-        if hypotheses:  # none when limit_val_batches left out every sentence below bleu_max_sentences
-            bleu, chrf = self._score(hypotheses)
-            self.log_dict({"val/bleu": bleu, "val/chrf": chrf}, prog_bar=True)
-        self._hypotheses = {}
+        score = self.scorer.score(self.trainer.world_size) if self._scoring() else None
+        if score is not None:
+            self.last_score = score  # TensorBoardSamples shows its examples and signature
+            self.log_dict({"val/bleu": score.bleu, "val/chrf": score.chrf}, prog_bar=True)
         if not self.trainer.sanity_checking:
             self.validations += 1
-
-    def _gather(self, hypotheses: dict[int, list[int]]) -> dict[int, list[int]]:
-        if self.trainer.world_size == 1:
-            return hypotheses
-        parts = [None] * self.trainer.world_size
-        torch.distributed.all_gather_object(parts, hypotheses)
-        return {i: h for part in parts for i, h in part.items()}
-
-    def _score(self, hypotheses: dict[int, list[int]]) -> tuple[float, float]:
-        """Corpus BLEU and chrF of the detokenized hypotheses against the raw references (sacreBLEU defaults)."""
-        data = self.trainer.datamodule
-        split = data.data.splits[data.cfg.valid_split]
-        index = sorted(hypotheses)
-        texts = data.data.tgt_tokenizer.decode([hypotheses[i] for i in index])
-        chosen = split.select(index)
-        bleu, chrf = BLEU(), CHRF()
-        bleu_score = bleu.corpus_score(texts, [chosen["tgt"]]).score
-        chrf_score = chrf.corpus_score(texts, [chosen["tgt"]]).score
-        self.bleu_signature = str(bleu.get_signature())
-        shown = range(min(self.validation_config.text_examples, len(index)))
-        self.translations = [(chosen[i]["src"], chosen[i]["tgt"], texts[i]) for i in shown]
-        return bleu_score, chrf_score
 
     # Optimisation
 
@@ -176,38 +170,19 @@ class TranslationModule(pl.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    # Checkpoints: random state for exact resume, and the tokenizers, so that a checkpoint translates alone
+    # Checkpoints: the tokenizers, so that a checkpoint translates alone; what exact resume needs (ExactResume)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng"] = _rng_state()
-        checkpoint["validations"] = self.validations
-        checkpoint["skipped_steps"] = self.skipped_steps
         checkpoint["precision"] = str(self.trainer.precision)  # evaluation decodes as validation did
         data = getattr(self.trainer, "datamodule", None)
-        if data is not None:
-            src, tgt = data.data.src_tokenizer, data.data.tgt_tokenizer
-            checkpoint["tokenizers"] = {"src": src.path.read_bytes(), "tgt": tgt.path.read_bytes()}
-            checkpoint["data"] = asdict(data.cfg)  # which corpus and languages, for evaluate's defaults
+        if isinstance(data, TranslationDataModule):
+            checkpoint.update(data.checkpoint_extras())  # "tokenizers", and "data" for evaluate's defaults
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._rng_to_restore = checkpoint.get("rng")
-        self.validations = checkpoint.get("validations", 0)
-        self.skipped_steps = checkpoint.get("skipped_steps", 0)
+    def configure_callbacks(self) -> list[pl.Callback]:
+        return [ExactResume()]  # whatever callbacks a config lists, a resumed run continues exactly
 
     @staticmethod
-    def hyperparameters(model: ModelConfig, optim: OptimConfig, validation: ValidationConfig | None = None) -> dict:
-        return {"model": asdict(model), "optim": asdict(optim), "validation": asdict(validation or ValidationConfig())}
-
-
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    def hyperparameters(model: ModelConfig, optim: OptimConfig, validation: ValidationConfig | None = None,
+                        runtime: RuntimeConfig | None = None) -> dict:  # fmt: skip
+        return {"model": asdict(model), "optim": asdict(optim), "validation": asdict(validation or ValidationConfig()),
+                "runtime": asdict(runtime or RuntimeConfig())}  # fmt: skip

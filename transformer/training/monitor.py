@@ -20,9 +20,7 @@ class TrainingMonitor(Callback):
     ) -> None:
         # Lightning runs checkpoint callbacks after the others, so a checkpoint's save time is not counted here.
         seconds = time.perf_counter() - self._start
-        pad = module.model_config.pad_id
-        tokens = int(batch["tgt_out"].ne(pad).sum()) * trainer.world_size
-        padded = int(batch["src"].eq(pad).sum() + batch["tgt_out"].eq(pad).sum())
-        module.log("train/tokens_per_s", tokens / seconds, prog_bar=True)
-        module.log("train/padding", padded / (batch["src"].numel() + batch["tgt_out"].numel()))
+        cells = batch["src"].numel() + batch["tgt_out"].numel()  # shapes and the collator's counts: host values
+        module.log("train/tokens_per_s", batch["tgt_tokens"] * trainer.world_size / seconds, prog_bar=True)
+        module.log("train/padding", 1 - (batch["src_tokens"] + batch["tgt_tokens"]) / cells)
         module.log("train/lr", trainer.optimizers[0].param_groups[0]["lr"])

@@ -5,7 +5,9 @@ from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.loggers import TensorBoardLogger
 from torch import Tensor
 
+from ..data import TranslationDataModule
 from ..model import EncoderDecoder, MultiHeadAttention
+from .scoring import Score
 
 # Dark blue to yellow (viridis at five stops): low attention dark, high attention bright.
 _COLORS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]]) / 255
@@ -54,17 +56,18 @@ class TensorBoardSamples(Callback):
 
     def __init__(self, sentence: int = 0, scale: int = 8):
         self.sentence, self.scale = sentence, scale
-        self._shown_translations = None
+        self._shown: Score | None = None
 
     def on_validation_end(self, trainer: Trainer, module: LightningModule) -> None:
         loggers = [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
         if trainer.sanity_checking or not loggers or not trainer.is_global_zero:
             return
         writers, step = [logger.experiment for logger in loggers], trainer.global_step
-        if module.translations and module.translations is not self._shown_translations:
-            self._shown_translations = module.translations
-            rows = [f"**source:** {s}  \n**reference:** {r}  \n**hypothesis:** {h}" for s, r, h in module.translations]
-            text = "\n\n---\n\n".join(rows) + f"\n\n`{module.bleu_signature}`"
+        score = getattr(module, "last_score", None)
+        if score is not None and score.examples and score is not self._shown:  # a validation that scored BLEU
+            self._shown = score
+            rows = [f"**source:** {s}  \n**reference:** {r}  \n**hypothesis:** {h}" for s, r, h in score.examples]
+            text = "\n\n---\n\n".join(rows) + f"\n\n`{score.signature}`"
             for writer in writers:
                 writer.add_text("val/translations", text, step)
         for name, image in self._attention_images(trainer, module).items():
@@ -72,11 +75,10 @@ class TensorBoardSamples(Callback):
                 writer.add_image(f"attention/{name}", image, step)
 
     def _attention_images(self, trainer: Trainer, module: LightningModule) -> dict[str, Tensor]:
-        data = trainer.datamodule.data
-        split = data.splits[trainer.datamodule.cfg.valid_split]
-        if self.sentence >= len(split):
+        data = trainer.datamodule
+        if not isinstance(data, TranslationDataModule) or self.sentence >= len(data.validation_split):
             return {}
-        example, tok = split[self.sentence], data.tgt_tokenizer
+        example, tok = data.validation_split[self.sentence], data.tgt_tokenizer
         src = torch.tensor([list(example["src_ids"]) + [tok.eos_id]], device=module.device)
         tgt_in = torch.tensor([[tok.bos_id] + list(example["tgt_ids"])], device=module.device)
         training = module.training

@@ -1,0 +1,65 @@
+"""The training step's forward and backward compile as one graph: nothing in the hot path waits on the device (a
+sync, a data-dependent shape or branch would break the graph, and fullgraph=True makes that an error)."""
+
+import numpy as np
+import pytest
+import torch
+
+from transformer.data.batching import Collate
+from transformer.model import ModelConfig, SequenceLayout, build_model
+from transformer.model.loss import loss_sum
+
+V = 23
+BATCH_KEYS = ("src", "tgt_in", "tgt_out", "src_lengths", "src_padded", "src_tokens", "tgt_tokens")
+
+
+def collated(src_lengths: list[int], tgt_lengths: list[int], seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    examples = [(rng.integers(3, V, n).astype(np.int32), rng.integers(3, V, m).astype(np.int32), i)
+                for i, (n, m) in enumerate(zip(src_lengths, tgt_lengths))]  # fmt: skip
+    return Collate(pad_id=0, bos_id=1, eos_id=2)(examples)
+
+
+def test_collator_gives_the_host_values_the_step_needs():
+    batch = collated([5, 3, 7], [4, 6, 2])
+    assert batch["src_lengths"].tolist() == batch["src"].ne(0).sum(1).tolist() == [6, 4, 8]  # with EOS
+    assert batch["src_tokens"] == int(batch["src"].ne(0).sum()) and batch["tgt_tokens"] == int(
+        batch["tgt_out"].ne(0).sum()
+    )
+    assert batch["src_padded"] is True and collated([4, 4], [2, 3])["src_padded"] is False
+    assert all(type(batch[k]) is int for k in ("src_tokens", "tgt_tokens"))  # not tensors: they stay on the host
+
+
+def check_compiled_training_step_equals_eager(backend: str) -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, dropout=0.0)
+    model = build_model(cfg).train()
+
+    def loss(src, tgt_in, tgt_out, src_lengths, src_padded, src_tokens, tgt_tokens):
+        layout = SequenceLayout.right_padded(src_lengths, src.size(1), src_padded, src_tokens)
+        return loss_sum(model, src, tgt_in, tgt_out, 0.1, layout, tgt_tokens)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True, dynamic=True, backend=backend)
+    for batch in (collated([5, 3, 7], [4, 6, 2]), collated([9, 2, 4, 6, 8], [3, 7, 5, 5, 1], seed=1)):
+        assert batch["src_padded"]
+        results = []
+        for step in (loss, compiled):
+            model.zero_grad()
+            value = step(*(batch[k] for k in BATCH_KEYS))
+            value.backward()
+            results.append((value.detach(), [p.grad.clone() for p in model.parameters()]))
+        (eager, eager_grads), (got, got_grads) = results
+        torch.testing.assert_close(got, eager)
+        for (name, _), g, e in zip(model.named_parameters(), got_grads, eager_grads):
+            torch.testing.assert_close(g, e, msg=name)
+
+
+def test_training_forward_and_backward_capture_as_one_graph():
+    """Dynamo and AOTAutograd (forward and backward graphs) without inductor's C++ compilation: fast."""
+    check_compiled_training_step_equals_eager("aot_eager")
+
+
+@pytest.mark.slow  # inductor compiles C++ kernels: about a minute on 2 cores
+def test_training_forward_and_backward_compile_with_inductor():
+    check_compiled_training_step_equals_eager("inductor")

@@ -1,0 +1,39 @@
+"""The timed training loop every training benchmark runs: the same loss, backward and optimizer step for any model."""
+
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model import EncoderDecoder
+from ..model.loss import batch_loss_sum
+
+
+def batch_loss(model: nn.Module, batch: dict, pad: int, label_smoothing: float) -> torch.Tensor:
+    """Loss per target token: ours by the project's training loss (logits only at real target tokens, the batch
+    described by the collator's host facts), the peers' from logits at every position, as they train."""
+    if isinstance(model, EncoderDecoder):
+        total, _ = batch_loss_sum(model, batch, label_smoothing)
+        return total / batch["tgt_tokens"]
+    logits = model(batch["src"], batch["tgt_in"]).flatten(0, 1).float()  # (B*T, V)
+    return F.cross_entropy(logits, batch["tgt_out"].flatten(), ignore_index=pad, label_smoothing=label_smoothing)
+
+
+def train_steps(model, optimizer, batches, precision, pad, label_smoothing=0.1):
+    """Seconds for one optimizer step per batch, and the target tokens trained."""
+    device = batches[0]["src"].device.type
+    autocast = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    start = time.perf_counter()
+    tokens = 0
+    for batch in batches:
+        with autocast:
+            loss = batch_loss(model, batch, pad, label_smoothing)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        tokens += batch["tgt_tokens"] if "tgt_tokens" in batch else int(batch["tgt_out"].ne(pad).sum())
+    if device == "cuda":
+        torch.cuda.synchronize()  # the steps were queued: the time is theirs only once they have run
+    return time.perf_counter() - start, tokens

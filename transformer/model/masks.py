@@ -1,0 +1,122 @@
+"""Which keys each query may attend, in the forms the attention kernels take.
+
+Callers speak nn.MultiheadAttention's convention: key_padding_mask True = padding, a boolean attn_mask True = may
+NOT attend, a float mask is added to the scores. `attention_mask` is the one place that turns them into the kernels'.
+"""
+
+import operator
+from dataclasses import dataclass, replace
+from functools import reduce
+
+import torch
+from torch import Tensor
+
+from .layout import SequenceLayout
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """Built once per batch and attention kind (encoder self-attention, cross-attention, decoder self-attention) and
+    read by every layer of that kind. Each field broadcasts to (B, nh, L, S); None means nothing to apply.
+
+    sdpa: what scaled_dot_product_attention takes: bool True = may attend, or float added to the scores;
+    is_causal: SDPA's own causal mask applies too (only where it is exactly right, L == S), which keeps the fused
+      kernels eligible; the explicit kernel finds it in `explicit`;
+    explicit: everything, causal part included, for the explicit kernel: bool True = may NOT attend, or float added;
+    dead: bool (B|1, nh|1, L, 1), query rows with no key at all: opened in the masks to keep softmax finite, the
+      kernel's output there is zeroed;
+    keys, queries: the padding-free kernel may pack the keys (and, in self-attention, the queries) by these layouts.
+    """
+
+    sdpa: Tensor | None = None
+    is_causal: bool = False
+    explicit: Tensor | None = None
+    dead: Tensor | None = None
+    keys: SequenceLayout | None = None
+    queries: SequenceLayout | None = None
+
+
+def check_mask(mask: Tensor, name: str, shapes: list[tuple[int, ...]]) -> None:
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise ValueError(f"{name} must be bool or floating point, got dtype {mask.dtype}")
+    if tuple(mask.shape) not in shapes:
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected one of {shapes}")
+
+
+def attention_mask(
+    key_padding_mask: Tensor | None,
+    attn_mask: Tensor | None,
+    *,
+    batch: int,
+    heads: int,
+    q_len: int,
+    k_len: int,
+    is_causal: bool = False,
+    window: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | None = None,
+    every_query_has_a_key: bool = False,
+) -> AttentionMask:
+    """nn.MultiheadAttention-style masks (plus causal and window masks) as an AttentionMask.
+
+    Causal and window masks align the last query with the last key, which is what a key/value cache needs (query i
+    sits at position k_len - q_len + i). Float masks are cast to `dtype`. With `every_query_has_a_key` (the caller
+    knows it on the host) no dead rows are looked for.
+    """
+    if key_padding_mask is not None:
+        check_mask(key_padding_mask, "key_padding_mask", [(batch, k_len)])
+    if attn_mask is not None:
+        check_mask(attn_mask, "attn_mask", [(q_len, k_len), (batch * heads, q_len, k_len)])
+
+    positional = window is not None or (is_causal and q_len > 1)
+    if key_padding_mask is None and attn_mask is None and not positional:
+        return AttentionMask()  # a single cached query sees every earlier key
+    causal_alone = is_causal and window is None and q_len == k_len and key_padding_mask is None and attn_mask is None
+
+    allowed, additive = [], []  # bool masks as True = may attend; float masks to add to the scores
+    if positional:
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)
+        behind = q_pos[:, None] - torch.arange(k_len, device=device)[None, :]  # (L, S): how far back each key is
+        near = torch.ones_like(behind, dtype=torch.bool) if window is None else behind.abs() <= window
+        allowed.append((near & (behind >= 0) if is_causal else near)[None, None])  # (1, 1, L, S)
+    padding = None if key_padding_mask is None else key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+    if attn_mask is not None:
+        attn_mask = attn_mask.view(batch, heads, q_len, k_len) if attn_mask.dim() == 3 else attn_mask[None, None]
+    for m in (padding, attn_mask):
+        if m is None:
+            continue
+        if m.dtype == torch.bool:
+            allowed.append(~m)
+        else:
+            additive.append(m.to(dtype))
+
+    keep = reduce(operator.and_, allowed) if allowed else None
+    if not additive:
+        if every_query_has_a_key:
+            return AttentionMask(None if causal_alone else keep, causal_alone, ~keep)
+        dead = ~keep.any(dim=-1, keepdim=True)
+        return AttentionMask(keep | dead, False, ~(keep | dead), dead)
+    mask = reduce(operator.add, additive)
+    if keep is not None:
+        mask = mask.masked_fill(~keep, float("-inf"))
+    dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
+    mask = mask.masked_fill(dead, 0.0)
+    return AttentionMask(mask, False, mask, dead)
+
+
+def key_padding(layout: SequenceLayout, self_attention: bool = False, pack: bool = True) -> AttentionMask:
+    """Keys padded as `layout` says (encoder self-attention, cross-attention), nothing else; with `pack`, packable
+    where the layout packs and no sentence is empty."""
+    # q_len=1: key padding is the same for every query, and broadcasts to any number of them
+    mask = attention_mask(layout.padding, None, batch=len(layout.lengths), heads=1, q_len=1, k_len=layout.width,
+                          every_query_has_a_key=not layout.empty_rows)  # fmt: skip
+    if not pack or layout.index is None or layout.empty_rows:
+        return mask
+    return replace(mask, keys=layout, queries=layout if self_attention else None)
+
+
+def causal(q_len: int, k_len: int, window: int | None, device: torch.device) -> AttentionMask:
+    """Decoder self-attention over right-padded targets: padded keys lie in every real query's future, so causal
+    alone suffices. With a cache, the q_len new queries are the last of k_len positions."""
+    return attention_mask(None, None, batch=1, heads=1, q_len=q_len, k_len=k_len, is_causal=True, window=window,
+                          device=device, every_query_has_a_key=True)  # fmt: skip

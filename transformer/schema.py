@@ -1,0 +1,113 @@
+"""The config tree's types. Every default lives in a dataclass (DataConfig, ModelConfig's named sizes, RuntimeConfig,
+OptimConfig, ValidationConfig, SearchConfig); registered here with Hydra's ConfigStore, they are the schema that
+configs/*.yaml extend, so the YAML holds only presets and changes, and Hydra rejects unknown keys and wrong types
+while composing."""
+
+import inspect
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any
+
+import pytorch_lightning as pl
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from .config_check import accepted
+from .data import DataConfig
+from .inference import SearchConfig
+from .model import ModelConfig, RuntimeConfig
+from .training import OptimConfig, ValidationConfig
+from .training.resume import run_dir_for
+
+FROM_TOKENIZER = ("src_vocab_size", "tgt_vocab_size", "pad_id")
+
+
+def optional_fields(cls: type, name: str, first: tuple = ()) -> type:
+    """cls's fields, each optional and null by default: null keeps the value that comes from elsewhere (a named
+    size, the checkpoint)."""
+    optional = [(f.name, f.type | None, None) for f in fields(cls) if f.name not in FROM_TOKENIZER]
+    return make_dataclass(name, [*first, *optional])
+
+
+# model.size picks a named size (MODEL_SIZES); any other model.* field overrides it
+ModelChoice = optional_fields(ModelConfig, "ModelChoice", first=(("size", str, "small"),))
+DataChoice = optional_fields(DataConfig, "DataChoice")  # evaluate: null = the checkpoint's own data config
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelChoice = field(default_factory=ModelChoice)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    trainer: Any = MISSING  # pytorch_lightning.Trainer arguments, checked against its signature
+    callbacks: Any = None
+    logger: Any = None
+    seed: int = 1
+    compile: bool = False  # torch.compile the model (in place: checkpoints keep the plain parameter names)
+    ckpt_path: str | None = None  # resume: a checkpoint file, or `last` (the run folder's checkpoints/last.ckpt)
+
+
+@dataclass(frozen=True)
+class EvaluateConfig(SearchConfig):
+    ckpt_path: str = MISSING
+    split: str | None = None  # null: the checkpoint's test split; any split of the corpus
+    max_tokens: int | None = None  # padded tokens per batch (either side); null: the checkpoint's data.max_tokens
+    precision: str | None = None  # 32 or bf16; null: as the checkpoint was trained
+    device: str = "cpu"
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    data: DataChoice = field(default_factory=DataChoice)
+
+
+@dataclass(frozen=True)
+class TranslateConfig(SearchConfig):
+    ckpt_path: str = MISSING
+    input: str | None = None  # a text file; null: standard input
+    max_lines: int = 256  # lines per batch at most
+    precision: str | None = None
+    device: str = "cpu"
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+@dataclass
+class PrepareConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+
+
+def trainer_arguments(trainer_class) -> type:
+    """A schema of the Trainer's plain-valued arguments with Lightning's own defaults, so that configs/trainer/ holds
+    only what this project changes and any argument can still be overridden (trainer.limit_train_batches=10).
+    Annotations OmegaConf cannot check (unions, literals) become Any: check_trainer_args judges those."""
+    hints = typing.get_type_hints(trainer_class.__init__)
+    found = []
+    for name, param in inspect.signature(trainer_class.__init__).parameters.items():
+        if name in ("self", "callbacks", "logger", "plugins", "default_root_dir"):
+            continue  # built from the callbacks and logger groups, and the run folder
+        if param.default is not None and not isinstance(param.default, bool | int | float | str):
+            continue
+        types = [t for t in accepted(hints.get(name)) or [] if t is not type(None)]
+        simple = len(types) == 1 and types[0] in (bool, int, float, str)
+        found.append((name, (types[0] | None) if simple else Any, param.default))
+    return make_dataclass("TrainerArguments", found)
+
+
+def _writable(node: DictConfig) -> DictConfig:
+    """Frozen dataclasses become read-only nodes, which overrides could not change: the schema's values are
+    checked for type, not frozen (the dataclasses are built from them once composed)."""
+    OmegaConf.set_readonly(node, None)
+    for key in node:
+        if not OmegaConf.is_missing(node, key) and isinstance(node[key], DictConfig):
+            _writable(node[key])
+    return node
+
+
+def register_configs() -> None:
+    """Called by every entry point before Hydra composes (and by tests that compose the real config)."""
+    store = ConfigStore.instance()
+    for name, schema in (("train", TrainConfig), ("evaluate", EvaluateConfig), ("translate", TranslateConfig),
+                         ("prepare", PrepareConfig)):  # fmt: skip
+        store.store(name=f"{name}_schema", node=_writable(OmegaConf.structured(schema)))
+    store.store(group="trainer", name="schema", node=OmegaConf.structured(trainer_arguments(pl.Trainer)))
+    # hydra.run.dir: a resumed run continues in its checkpoint's run folder, and evaluation writes there too
+    OmegaConf.register_new_resolver("run_dir_for", run_dir_for, replace=True)
