@@ -1,7 +1,8 @@
 """The prepared GPU check (issue 7), under 10 minutes on one H100/H200-class GPU:
 
 1. SDPA's flash kernel is selected: decoder self-attention runs with SDPA restricted to flash, and a whole
-   training step runs with every attention forced to flash (padding-free encoder and cross attention);
+   training step runs with every attention forced to flash (padding-free encoder and cross attention); a training
+   step runs without host syncs (torch.cuda.set_sync_debug_mode("error"));
 2. bf16 training throughput and model FLOPs utilisation of the base model on Multi30k batches, padded
    against padding-free attention;
 3. the GPU recipe's first minutes (experiment=multi30k_de_en_gpu), then greedy BLEU of its last checkpoint.
@@ -23,7 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from transformer.benchmarks.training import train_steps
+from transformer.benchmarks.training import batch_loss, train_steps
 from transformer.data import DataConfig, TranslationDataModule
 from transformer.model import ModelConfig, MultiHeadAttention, RuntimeConfig, build_model
 
@@ -36,6 +37,34 @@ def flash_selected(device: str) -> str:
     with torch.autocast(device, dtype=torch.bfloat16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         attention(x, is_causal=True)[0].sum().backward()  # raises if flash cannot run this
     return "decoder self-attention (causal, bf16) runs with SDPA restricted to flash: yes"
+
+
+def no_host_sync(data, device: str) -> str:
+    """A training step (forward, the project's loss, backward, fused AdamW) of the base model under CUDA's sync debug
+    mode "error": any host-device synchronisation in it raises."""
+    if device != "cuda":
+        return "training step without host syncs: not checked (no CUDA)"
+    tok = data.src_tokenizer
+    cfg = ModelConfig.from_size("base", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
+    model = build_model(cfg).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    loader = iter(data.train_dataloader())
+    batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in next(loader).items()} for _ in range(3)]
+    train_steps(model, optimizer, batches[:1], "bf16", tok.pad_id)  # warm-up: lazy initialisation may sync
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batch in batches[1:]:
+            with torch.autocast(device, dtype=torch.bfloat16):
+                loss = batch_loss(model, batch, tok.pad_id, 0.1)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    except RuntimeError as e:
+        return f"training step without host syncs: FAILED ({str(e).splitlines()[0][:160]})"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return 'training step without host syncs: yes (2 steps under torch.cuda.set_sync_debug_mode("error"))'
 
 
 def throughput(data, size: str, padding_free: bool, backend: str, device: str, steps: int, peak_tflops: float):
@@ -81,6 +110,7 @@ def main() -> None:
     say(flash_selected(device))
     data = TranslationDataModule(DataConfig(max_tokens=16384))
     data.setup()
+    say(no_host_sync(data, device))
     say("| model | attention | target tok/s | MFU | peak memory GiB |\n|---|---|---:|---:|---:|")
     for size in ("small", "base"):
         runs = [("padded, auto", False, "auto"), ("padding-free, auto", True, "auto"), ("padding-free, flash", True, "flash")]  # fmt: skip

@@ -136,7 +136,7 @@ class LastCheckpoint(Checkpoint):
 
     def save(self, trainer: Trainer) -> None:
         if trainer.global_step != self._saved_step and not trainer.fast_dev_run:
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)  # full state: resumable
             self._saved_step = trainer.global_step
 
     def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
@@ -218,7 +218,7 @@ class CheckpointOnSignal(Checkpoint):
     def _save_and_stop(self, trainer: Trainer) -> None:
         path = next((c.path for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
         path = path or os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)
         signum = self.received or signal.SIGTERM
         if trainer.is_global_zero:
             print(f"\n{signal.Signals(signum).name}: saved {path} at step {trainer.global_step}; "
