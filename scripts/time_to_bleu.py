@@ -34,7 +34,7 @@ def main() -> None:
     for step, path, minutes in checkpoints_by_step(args.folder, training_minutes):
         translator = Translator.from_path(str(path))
         data = data_config(translator.data, {})
-        result = evaluate(translator, data, args.split or data.test_split, SearchConfig(args.beam_size),
+        result = evaluate(translator, data, args.split or data.test_split, SearchConfig(beam_size=args.beam_size),
                           translator.trained_precision)  # fmt: skip
         shown = f"{minutes:.1f}" if minutes is not None else "?"
         print(f"| {step} | {shown} | {result['bleu']:.2f} | {result['chrf']:.2f} |", flush=True)
