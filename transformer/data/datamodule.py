@@ -24,7 +24,8 @@ class TranslationDataModule(pl.LightningDataModule):
         self._resume_point: tuple[int, int] | None = None
 
     def prepare_data(self) -> None:  # once per node: trains and encodes, or finds the cache
-        prepare_data(self.cfg)
+        if self.prepared is None:  # already prepared in this process (train.py sets up before fit): nothing to do
+            self.prepared = prepare_data(self.cfg)
 
     def setup(self, stage: str | None = None) -> None:
         if self.prepared is None:
