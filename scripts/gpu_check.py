@@ -39,32 +39,34 @@ def flash_selected(device: str) -> str:
     return "decoder self-attention (causal, bf16) runs with SDPA restricted to flash: yes"
 
 
-def no_host_sync(data, device: str) -> str:
-    """A training step (forward, the project's loss, backward, fused AdamW) of the base model under CUDA's sync debug
-    mode "error": any host-device synchronisation in it raises."""
+def no_host_sync(data, device: str) -> list[str]:
+    """Training steps (forward, the project's loss, backward, fused AdamW) of the base model, padded and
+    padding-free, under CUDA's sync debug mode "error": any host-device synchronisation in them raises."""
     if device != "cuda":
-        return "training step without host syncs: not checked (no CUDA)"
-    tok = data.src_tokenizer
+        return ["training step without host syncs: not checked (no CUDA)"]
+    tok, results = data.src_tokenizer, []
     cfg = ModelConfig.from_size("base", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-    model = build_model(cfg).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     loader = iter(data.train_dataloader())
     batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in next(loader).items()} for _ in range(3)]
-    train_steps(model, optimizer, batches[:1], "bf16", tok.pad_id)  # warm-up: lazy initialisation may sync
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for batch in batches[1:]:
-            with torch.autocast(device, dtype=torch.bfloat16):
-                loss = batch_loss(model, batch, tok.pad_id, 0.1)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-    except RuntimeError as e:
-        return f"training step without host syncs: FAILED ({str(e).splitlines()[0][:160]})"
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    return 'training step without host syncs: yes (2 steps under torch.cuda.set_sync_debug_mode("error"))'
+    for padding_free in (False, True):
+        model = build_model(cfg, RuntimeConfig(padding_free_attention=padding_free)).to(device).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        train_steps(model, optimizer, batches[:1], "bf16", tok.pad_id)  # warm-up: lazy initialisation may sync
+        name = "padding-free" if padding_free else "padded"
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for batch in batches[1:]:  # train_steps' own loop, less its closing synchronize
+                with torch.autocast(device, dtype=torch.bfloat16):
+                    loss = batch_loss(model, batch, tok.pad_id, 0.1)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            results.append(f'{name} training step without host syncs: yes (2 steps, set_sync_debug_mode("error"))')
+        except RuntimeError as e:
+            results.append(f"{name} training step without host syncs: FAILED ({str(e).splitlines()[0][:160]})")
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return results
 
 
 def throughput(data, size: str, padding_free: bool, backend: str, device: str, steps: int, peak_tflops: float):
@@ -110,7 +112,8 @@ def main() -> None:
     say(flash_selected(device))
     data = TranslationDataModule(DataConfig(max_tokens=16384))
     data.setup()
-    say(no_host_sync(data, device))
+    for line in no_host_sync(data, device):
+        say(line)
     say("| model | attention | target tok/s | MFU | peak memory GiB |\n|---|---|---:|---:|---:|")
     for size in ("small", "base"):
         runs = [("padded, auto", False, "auto"), ("padding-free, auto", True, "auto"), ("padding-free, flash", True, "flash")]  # fmt: skip

@@ -2,9 +2,11 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from transformer.model.attention import SDPA_BACKENDS, KVCache, MultiHeadAttention
+from transformer.model.masks import attention_mask, causal
 
 D, H = 16, 4
 
@@ -406,3 +408,23 @@ def test_padding_free_attention_falls_back_where_it_cannot_apply(monkeypatch):
     for kwargs in ({"is_causal": True}, {"need_weights": True}):
         torch.testing.assert_close(free(x, key_padding_mask=some, **kwargs)[0],
                                    padded(x, key_padding_mask=some, **kwargs)[0])  # fmt: skip
+
+
+def test_causal_alone_keeps_sdpa_s_own_causal_kernel():
+    """nn.MultiheadAttention-style is_causal=True with no other mask passes no attn_mask to SDPA (flash takes none),
+    called per layer or built once by the model."""
+    for mask in (
+        attention_mask(None, None, batch=2, heads=4, q_len=5, k_len=5, is_causal=True),
+        causal(5, 5, None, None),
+    ):
+        assert mask.sdpa is None and mask.is_causal and mask.dead is None
+    seen = []
+    real = F.scaled_dot_product_attention
+    attention = MultiHeadAttention(16, 4)
+    x = torch.randn(2, 5, 16)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: seen.append(k) or real(*a, **k))
+        attention(x, is_causal=True)
+    assert seen and seen[0]["attn_mask"] is None and seen[0]["is_causal"]
+    longer = attention_mask(None, None, batch=1, heads=1, q_len=5, k_len=3, is_causal=True)  # queries before the keys
+    assert longer.dead is not None and bool(longer.dead.any())

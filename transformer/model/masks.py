@@ -69,6 +69,9 @@ def attention_mask(
         check_mask(attn_mask, "attn_mask", [(q_len, k_len), (batch * heads, q_len, k_len)])
 
     positional = window is not None or (is_causal and q_len > 1)
+    # causal and window masks alone leave each query its own position (causal: when no query precedes the keys)
+    alone = key_padding_mask is None and attn_mask is None and (not is_causal or q_len <= k_len)
+    every_query_has_a_key = every_query_has_a_key or alone
     if key_padding_mask is None and attn_mask is None and not positional:
         return AttentionMask()  # a single cached query sees every earlier key
     causal_alone = is_causal and window is None and q_len == k_len and key_padding_mask is None and attn_mask is None
@@ -119,4 +122,4 @@ def causal(q_len: int, k_len: int, window: int | None, device: torch.device) -> 
     """Decoder self-attention over right-padded targets: padded keys lie in every real query's future, so causal
     alone suffices. With a cache, the q_len new queries are the last of k_len positions."""
     return attention_mask(None, None, batch=1, heads=1, q_len=q_len, k_len=k_len, is_causal=True, window=window,
-                          device=device, every_query_has_a_key=True)  # fmt: skip
+                          device=device)  # fmt: skip
