@@ -70,7 +70,7 @@ def no_host_sync(data, device: str) -> list[str]:
 
 
 def throughput(data, size: str, padding_free: bool, backend: str, device: str, steps: int, peak_tflops: float):
-    tok = data.data.src_tokenizer
+    tok = data.src_tokenizer
     cfg = ModelConfig.from_size(size, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
     runtime = RuntimeConfig(attention_backend=backend, padding_free_attention=padding_free)
     model = build_model(cfg, runtime).to(device).train()

@@ -19,13 +19,13 @@ from .training.checkpoint import AtomicCheckpointIO, RunFolderLock
 from .training.errors import TrainingError
 from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path
 
-# The data module restores the batch sampler's position itself, which Lightning cannot see.
+# ExactResume restores the batch sampler's position itself, which Lightning cannot see.
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 
 def model_config(model: dict, data: TranslationDataModule) -> ModelConfig:
     """The named size with overrides; vocabulary sizes and pad id come from the tokenizer, nowhere else."""
-    src, tgt = data.data.src_tokenizer, data.data.tgt_tokenizer
+    src, tgt = data.src_tokenizer, data.tgt_tokenizer
     overrides = {k: v for k, v in model.items() if k != "size" and v is not None}  # null: the size's value
     return ModelConfig.from_size(
         model.get("size", "small"), **overrides,
@@ -45,9 +45,8 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     module = TranslationModule(**TranslationModule.hyperparameters(
         model, OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"]), runtime
     ))  # fmt: skip
-    src_tok, tgt_tok = data.data.src_tokenizer, data.data.tgt_tokenizer
     if ckpt_path:
-        tokenizers = {"src": src_tok.path.read_bytes(), "tgt": tgt_tok.path.read_bytes()}
+        tokenizers = data.checkpoint_extras()["tokenizers"]  # as this run's checkpoints will hold them
         check_resumable(load_checkpoint(ckpt_path), ckpt_path, model, tokenizers)
     if cfg.compile:
         module.model.compile()  # in place: parameter names, and so checkpoints, stay those of the plain model
@@ -64,7 +63,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
             stale.unlink()
         tokenizer_dir = run_dir / "tokenizer"
         tokenizer_dir.mkdir(parents=True, exist_ok=True)
-        for tok in {src_tok.path, tgt_tok.path}:
+        for tok in {data.src_tokenizer.path, data.tgt_tokenizer.path}:
             shutil.copy2(tok, tokenizer_dir / tok.name)  # the run folder holds the tokenizer it was trained with
         trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     finally:

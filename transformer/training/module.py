@@ -133,9 +133,9 @@ class TranslationModule(pl.LightningModule):
         return self.validations % every == 0
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        nll, tokens = self._loss_sum(batch, 0.0)  # unsmoothed, so that val/ppl is a perplexity
+        nll, _ = self._loss_sum(batch, 0.0)  # unsmoothed, so that val/ppl is a perplexity
         self._val_nll += nll.item()
-        self._val_tokens += int(tokens)
+        self._val_tokens += batch["tgt_tokens"]
         if self._scoring():
             self.scorer.add(self.model, batch["src"], batch["index"])
 

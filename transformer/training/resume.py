@@ -8,8 +8,6 @@ import torch
 from ..data.tokenizer import vocabulary_fingerprint
 from ..model import ModelConfig
 
-RUNTIME_FIELDS = {"attention_backend", "activation_checkpointing"}  # may change between runs
-
 
 def run_dir_for(ckpt_path: str | None, default: str, outputs: str = "outputs") -> str:
     """Hydra's run folder: a resumed run continues in its checkpoint's run folder (`.../checkpoints/x.ckpt`),
@@ -66,7 +64,7 @@ def check_resumable(checkpoint: dict, path: str, model: ModelConfig, tokenizers:
             )
     saved_model = checkpoint["hyper_parameters"]["model"]
     for name, value in vars(model).items():
-        if name not in RUNTIME_FIELDS and name in saved_model and saved_model[name] != value:
+        if name in saved_model and saved_model[name] != value:  # runtime settings are not ModelConfig's: free
             what = "vocabulary" if name in ("src_vocab_size", "tgt_vocab_size", "pad_id") else "model"
             raise ValueError(
                 f"ckpt_path={path} has {what} model.{name}={saved_model[name]}, this run has {value}; "
