@@ -367,7 +367,7 @@ def test_prepare_command_prints_the_table_and_reuses_the_cache(tmp_path):
     for word in ("train", "val", "test", "padding", "batches", "vocabulary: 340"):
         assert word in first.stdout
     second = run(*args)
-    assert "(reused)" in second.stdout and "training" not in second.stdout + second.stderr
+    assert "(reused)" in second.stdout and "training a" not in second.stdout + second.stderr
     bad = run(*args, "data.src=xx")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
     assert "language 'xx' is not in the corpus" in bad.stderr

@@ -18,6 +18,8 @@ LIBRARY_WARNINGS = [
         UserWarning,
         LIGHTNING + r"\.utilities\.model_summary\.model_summary\Z",
     ),
+    # a streamed epoch's length is exact: every loader worker yields the same number of batches, each its own pairs
+    (r"Your `IterableDataset` has `__len__` defined", UserWarning, LIGHTNING + r"\.utilities\.data\Z"),
 ]
 
 # Lightning's rank-zero notices go to one of these loggers (the last Lightning package imported picks it)

@@ -31,17 +31,23 @@ def data_config(checkpoint_data: dict, overrides: dict) -> DataConfig:
 
 
 def evaluate(translator: Translator, data: DataConfig, split: str, search: SearchConfig, precision: str) -> dict:
-    """Translations of the split (input order) and their BLEU and chrF against its references."""
-    corpus, _ = load_corpus(data)
-    if split not in corpus:
-        raise DataError(f"unknown split {split!r}; {data.path} has {', '.join(corpus)}")
-    sources, references = list(corpus[split]["src"]), list(corpus[split]["tgt"])
+    """Translations of the split (input order; a split of the main corpus, or corpus/split of any) and their BLEU
+    and chrF against its references. A tagged corpus's sources get its tag, as in training."""
+    corpora = data.all_corpora()
+    name, part = split.split("/", 1) if "/" in split else (data.main_name, split)
+    if name not in corpora:
+        raise DataError(f"split={split!r}: no corpus {name!r}; the checkpoint's corpora are {', '.join(corpora)}")
+    corpus = corpora[name]
+    loaded, _ = load_corpus(corpus, data.src, data.tgt, data.cache_dir)
+    if part not in loaded:
+        raise DataError(f"unknown split {split!r}; {corpus.path} has {', '.join(loaded)}")
+    sources, references = list(loaded[part]["src"]), list(loaded[part]["tgt"])
     if not sources:
-        raise DataError(f"split {split!r} of {data.path} is empty; choose another with split=")
+        raise DataError(f"split {split!r} of {corpus.path} is empty; choose another with split=")
     # Batched by both sides' lengths, as validation batches pairs: with search.max_tokens = data.max_tokens,
     # a validation split decodes exactly as in training.
     target_lengths = [len(t) + 1 for t in translator.tgt_tokenizer.encode(references)]  # BOS + target
-    hypotheses = translator.translate(sources, search, precision, target_lengths)
+    hypotheses = translator.translate(sources, search, precision, target_lengths, tag=corpus.tag)
     # BLEU as reported (cased, 13a) and lowercased: papers on Multi30k mostly quote tokenized lowercase BLEU,
     # which runs higher; the two are kept apart by their sacreBLEU signatures.
     bleu, bleu_lc, chrf = BLEU(), BLEU(lowercase=True), CHRF()
@@ -67,7 +73,7 @@ def main(cfg: DictConfig) -> None:
         translator, data, cfg.split or data.test_split, search, str(cfg.precision or translator.trained_precision)
     )
     out = Path(HydraConfig.get().runtime.output_dir)
-    name = f"{result['split']}.beam{search.beam_size}"
+    name = f"{result['split'].replace('/', '.')}.beam{search.beam_size}"
     (out / f"{name}.hyp").write_text("".join(" ".join(h.splitlines()) + "\n" for h in result.pop("hypotheses")))
     (out / f"{name}.json").write_text(json.dumps({"checkpoint": str(cfg.ckpt_path), **result}, indent=2) + "\n")
     for line in ("bleu_line", "bleu_lowercase_line", "chrf_line"):

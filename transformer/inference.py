@@ -68,11 +68,14 @@ class Translator:
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ValueError(f"ckpt_path={path} is not a usable checkpoint of this project ({reason})") from None
 
-    def translate(
-        self, texts: list[str], search: SearchConfig, precision: str = "32", target_lengths=None
-    ) -> list[str]:
-        """One translation per text, in order; empty texts give empty translations. `target_lengths`: see search."""
+    def translate(self, texts: list[str], search: SearchConfig, precision: str = "32", target_lengths=None,
+                  tag: str | None = None) -> list[str]:  # fmt: skip
+        """One translation per text, in order; empty texts give empty translations. `target_lengths`: see search.
+        `tag`: a corpus tag the model was trained with (e.g. <news>), put before every source as in training."""
         ids = self.src_tokenizer.encode(texts)
+        if tag is not None:
+            first = [self.src_tokenizer.tag_id(tag)]
+            ids = [first + s for s in ids]
         longest = self.max_source_tokens
         for length in [len(s) for s in ids if len(s) > longest]:
             message = f"an input of {length} tokens was translated up to its first {longest} (model.max_positions)"

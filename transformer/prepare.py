@@ -14,43 +14,89 @@ from .data import DataConfig, PreparedData, TokenBatchSampler, example_lengths, 
 log = logging.getLogger(__name__)
 
 
-def report(prepared: PreparedData, cfg: DataConfig) -> str:
-    """A table: pairs per split, kept and dropped (empty, too long, length ratio), repaired (undecodable bytes,
-    control characters, evaluation sequences cut to max_length), lengths, batches per epoch, padding."""
+def _training_table(prepared: PreparedData, cfg: DataConfig) -> list[str]:
+    """One row per corpus's training split: what cleaning dropped, in pairs and in tokens, and its part in the mix."""
+    mix = prepared.mixture
     rows = [
-        f"corpus {cfg.path} ({cfg.src}->{cfg.tgt}), cache {prepared.folder}" + (" (reused)" if prepared.reused else ""),
-        f"vocabulary: {prepared.src_tokenizer.vocab_size} ({'joint' if cfg.joint_vocab else 'source'})"
+        f"{'training corpus':<18}{'pairs':>9}{'kept':>9}{'dropped: empty':>15}{'long':>7}{'ratio':>7}"
+        f"{'tokens lost: empty':>19}{'long':>9}{'ratio':>9}{'src mean/p95':>14}{'tgt mean/p95':>14}"
+        f"{'weight':>8}{'share':>7}{'per epoch':>10}{'repeats':>8}",
+    ]
+    for (name, corpus), kept, share, drawn in zip(cfg.all_corpora().items(), mix.sizes, mix.shares, mix.counts()):
+        s = prepared.corpus_stats[name][corpus.train_split]
+        d, t = s["dropped"], s["dropped_tokens"]
+        rows.append(
+            f"{name:<18}{s['pairs']:>9}{s['kept']:>9}{d['empty']:>15}{d['too_long']:>7}{d['length_ratio']:>7}"
+            f"{t['empty']:>19}{t['too_long']:>9}{t['length_ratio']:>9}"
+            f"{s['src_mean']:>8.1f}/{s['src_p95']:<5.0f}{s['tgt_mean']:>8.1f}/{s['tgt_p95']:<5.0f}"
+            f"{corpus.weight:>8.3g}{share:>7.1%}{drawn:>10}{drawn / max(kept, 1):>7.2f}x"
+        )
+    how = f"temperature {cfg.temperature}" if cfg.temperature else "weights"
+    rows.append(f"shares by {how}; {mix.epoch_pairs} pairs per epoch")
+    return rows
+
+
+def report(prepared: PreparedData, cfg: DataConfig) -> str:
+    """A table of the training corpora (see _training_table), then one of every split: pairs, kept and dropped
+    (empty, too long, length ratio), repaired (undecodable bytes, control characters, evaluation sequences cut to
+    max_length), lengths, batches per epoch, padding."""
+    corpora = cfg.all_corpora()
+    tok = prepared.src_tokenizer
+    rows = [
+        f"corpora {', '.join(f'{n} ({c.path})' for n, c in corpora.items())} ({cfg.src}->{cfg.tgt}), "
+        f"cache {prepared.folder}" + (" (reused)" if prepared.reused else ""),
+        f"vocabulary: {tok.vocab_size} ({'joint' if cfg.joint_vocab else 'source'})"
         + ("" if cfg.joint_vocab else f", {prepared.tgt_tokenizer.vocab_size} (target)")
-        + f", {cfg.tokenizer_type}; pad/unk/bos/eos = {prepared.src_tokenizer.pad_id}/{prepared.src_tokenizer.unk_id}"
-        f"/{prepared.src_tokenizer.bos_id}/{prepared.src_tokenizer.eos_id}",
+        + f", {cfg.tokenizer_type}; pad/unk/bos/eos = {tok.pad_id}/{tok.unk_id}/{tok.bos_id}/{tok.eos_id}"
+        + (f"; tags {', '.join(tok.tags)}" if tok.tags else ""),
         "",
-        f"{'split':<18}{'pairs':>8}{'kept':>8}{'empty':>7}{'long':>6}{'ratio':>7}{'utf8':>6}{'ctrl':>6}{'cut':>5}"
+        *_training_table(prepared, cfg),
+        "",
+        f"{'split':<26}{'pairs':>9}{'kept':>9}{'empty':>7}{'long':>6}{'ratio':>7}{'utf8':>6}{'ctrl':>6}{'cut':>5}"
         f"{'src mean/p95':>14}{'tgt mean/p95':>14}{'batches':>9}{'padding':>9}",
     ]
-    train_batches = 1
-    for split, s in prepared.stats.items():
-        lengths = example_lengths(prepared.splits[split])
-        batches = TokenBatchSampler(
-            lengths, cfg.max_tokens, shuffle=split == cfg.train_split, seed=cfg.seed
-        ).all_batches(0)
-        if split == cfg.train_split:
-            train_batches = len(batches)
-        d, r = s["dropped"], s["repaired"]
-        rows.append(
-            f"{split:<18}{s['pairs']:>8}{s['kept']:>8}{d['empty']:>7}{d['too_long']:>6}{d['length_ratio']:>7}"
-            f"{r['invalid_utf8']:>6}{r['control_chars']:>6}{r['truncated']:>5}"
-            f"{s['src_mean']:>8.1f}/{s['src_p95']:<5.0f}{s['tgt_mean']:>8.1f}/{s['tgt_p95']:<5.0f}"
-            f"{len(batches):>9}{padding_fraction(batches, lengths):>9.1%}"
-        )
-    train = example_lengths(prepared.splits[cfg.train_split])
+    trains = [example_lengths(prepared.corpora[n][c.train_split]) for n, c in corpora.items()]
+    train = np.concatenate(trains)
+    train_batches = TokenBatchSampler(train, cfg.max_tokens, seed=cfg.seed, mixture=prepared.mixture).all_batches(0)
+    rows.append(_split_row("train (mix)" if len(corpora) > 1 else cfg.train_split,
+                           _training_stats(prepared, cfg, train, train_batches), train_batches, train))  # fmt: skip
+    for name, corpus in corpora.items():
+        for split, s in prepared.corpus_stats[name].items():
+            if split != corpus.train_split:
+                lengths = example_lengths(prepared.corpora[name][split])
+                batches = TokenBatchSampler(lengths, cfg.max_tokens, shuffle=False).all_batches(0)
+                rows.append(_split_row(f"{name}/{split}" if len(corpora) > 1 else split, s, batches, lengths))
     order = np.random.default_rng(cfg.seed).permutation(len(train))
-    per_batch = max(1, len(train) // train_batches)  # sentences per batch, on average
+    per_batch = max(1, len(train) // max(len(train_batches), 1))  # sentences per batch, on average
     sentence_batches = [order[i : i + per_batch] for i in range(0, len(order), per_batch)]
     rows.append(
-        f"\nmax_tokens={cfg.max_tokens}; the same {cfg.train_split} split in random batches of {per_batch} sentences "
+        f"\nmax_tokens={cfg.max_tokens}; the same training pairs in random batches of {per_batch} sentences "
         f"would be {padding_fraction(sentence_batches, train):.1%} padding"
     )
     return "\n".join(rows)
+
+
+def _training_stats(prepared: PreparedData, cfg: DataConfig, train: np.ndarray, batches: list) -> dict:
+    """The training splits' counts summed; lengths those of the pairs one epoch draws (of the mix)."""
+    parts = [prepared.corpus_stats[n][c.train_split] for n, c in cfg.all_corpora().items()]
+    if len(parts) == 1:
+        return parts[0]
+    drawn = train[np.concatenate(batches)] - 1  # without EOS/BOS, as prepare's statistics count
+    summed = {k: sum(p[k] for p in parts) for k in ("pairs", "kept")}
+    summed |= {k: {r: sum(p[k][r] for p in parts) for r in parts[0][k]} for k in ("dropped", "repaired")}
+    for i, side in enumerate(("src", "tgt")):
+        summed[f"{side}_mean"], summed[f"{side}_p95"] = float(drawn[:, i].mean()), float(np.percentile(drawn[:, i], 95))
+    return summed
+
+
+def _split_row(label: str, s: dict, batches: list, lengths: np.ndarray) -> str:
+    d, r = s["dropped"], s["repaired"]
+    return (
+        f"{label:<26}{s['pairs']:>9}{s['kept']:>9}{d['empty']:>7}{d['too_long']:>6}{d['length_ratio']:>7}"
+        f"{r['invalid_utf8']:>6}{r['control_chars']:>6}{r['truncated']:>5}"
+        f"{s['src_mean']:>8.1f}/{s['src_p95']:<5.0f}{s['tgt_mean']:>8.1f}/{s['tgt_p95']:<5.0f}"
+        f"{len(batches):>9}{padding_fraction(batches, lengths):>9.1%}"
+    )
 
 
 @hydra.main(config_path="../configs", config_name="prepare", version_base="1.3")

@@ -5,6 +5,7 @@ while composing."""
 
 import inspect
 import typing
+from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
@@ -29,14 +30,27 @@ def optional_fields(cls: type, name: str, first: tuple = ()) -> type:
     return make_dataclass(name, [*first, *optional])
 
 
+def retyped(cls: type, name: str, **types) -> type:
+    """cls's fields and defaults, some with another type for Hydra."""
+    made = []
+    for f in fields(cls):
+        default = {"default": f.default} if f.default is not MISSING_FIELD else {"default_factory": f.default_factory}
+        made.append((f.name, types.get(f.name, f.type), field(**default)))
+    return make_dataclass(name, made)
+
+
+# data.corpora's entries are plain mappings while composing, so that `+data.corpora.news.path=...` can create one
+# (OmegaConf cannot create a typed entry key by key); CorpusConfig checks them once composed
+DataSchema = retyped(DataConfig, "DataSchema", corpora=dict[str, Any])
+
 # model.size picks a named size (MODEL_SIZES); any other model.* field overrides it
 ModelChoice = optional_fields(ModelConfig, "ModelChoice", first=(("size", str, "small"),))
-DataChoice = optional_fields(DataConfig, "DataChoice")  # evaluate: null = the checkpoint's own data config
+DataChoice = optional_fields(DataSchema, "DataChoice")  # evaluate: null = the checkpoint's own data config
 
 
 @dataclass
 class TrainConfig:
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataSchema = field(default_factory=DataSchema)
     model: ModelChoice = field(default_factory=ModelChoice)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -52,7 +66,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class EvaluateConfig(SearchConfig):
     ckpt_path: str = MISSING
-    split: str | None = None  # null: the checkpoint's test split; any split of the corpus
+    split: str | None = None  # null: the checkpoint's test split; a split of its main corpus, or corpus/split
     max_tokens: int | None = None  # padded tokens per batch (either side); null: the checkpoint's data.max_tokens
     precision: str | None = None  # 32 or bf16; null: as the checkpoint was trained
     device: str = "cpu"
@@ -65,6 +79,7 @@ class TranslateConfig(SearchConfig):
     ckpt_path: str = MISSING
     input: str | None = None  # a text file; null: standard input
     max_lines: int = 256  # lines per batch at most
+    tag: str | None = None  # a corpus tag the model was trained with, e.g. <news>: put before every input line
     precision: str | None = None
     device: str = "cpu"
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -72,7 +87,7 @@ class TranslateConfig(SearchConfig):
 
 @dataclass
 class PrepareConfig:
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataSchema = field(default_factory=DataSchema)
 
 
 def trainer_arguments(trainer_class) -> type:

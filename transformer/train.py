@@ -15,7 +15,7 @@ from .cli import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .model import ModelConfig, RuntimeConfig
 from .training import OptimConfig, TranslationModule, ValidationConfig
-from .training.checkpoint import AtomicCheckpointIO, RunFolderLock
+from .training.checkpoint import AtomicCheckpointIO, RunFolderLock, check_monitors
 from .training.errors import TrainingError
 from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path
 
@@ -50,10 +50,12 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         check_resumable(load_checkpoint(ckpt_path), ckpt_path, model, tokenizers)
     if cfg.compile:
         module.model.compile()  # in place: parameter names, and so checkpoints, stay those of the plain model
+    callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+    check_monitors(callbacks, TranslationModule.validation_metrics(list(data.validation_sets)))
     trainer = pl.Trainer(
         **plain["trainer"],
         default_root_dir=str(run_dir),
-        callbacks=[hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()],
+        callbacks=callbacks,
         logger=[hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values()],  # ~logger: none
         plugins=[AtomicCheckpointIO()],
     )

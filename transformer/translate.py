@@ -38,11 +38,13 @@ def main(cfg: DictConfig) -> None:
         raise ValueError(f"max_lines={cfg.max_lines} must be at least 1")
     if cfg.input and not os.path.isfile(cfg.input):
         raise FileNotFoundError(f"input={cfg.input} is not a file; give a text file, or none to read standard input")
+    if cfg.tag is not None:
+        translator.src_tokenizer.tag_id(cfg.tag)  # an unknown tag fails here, before any input is read
     fd = os.open(cfg.input, os.O_RDONLY) if cfg.input else sys.stdin.fileno()
     for lines in arriving_lines(fd, cfg.max_lines):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            translations = translator.translate(lines, search, precision)
+            translations = translator.translate(lines, search, precision, tag=cfg.tag)
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
         try:  # one line each: any line separator a translation holds becomes a space

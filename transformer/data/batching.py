@@ -5,6 +5,8 @@ import pyarrow.compute as pc
 import torch
 from datasets import Dataset
 
+from .mixing import Mixture
+
 
 class TokenBatchSampler:
     """Yields batches of example indices whose padded size (batch size x longest side) fits max_tokens.
@@ -14,11 +16,12 @@ class TokenBatchSampler:
     rank builds the same list and takes every world_size-th batch, after dropping the remainder, so
     ranks get disjoint batches of equal number. `state_dict` / `load_state_dict` save and restore
     the position inside an epoch. With shuffle=False (validation, test) batches are in length order;
-    each batch carries its examples' indices so results map back to the input order.
+    each batch carries its examples' indices so results map back to the input order. With a Mixture (several
+    corpora laid end to end), an epoch holds the examples it draws instead of each example once.
     """
 
     def __init__(self, lengths: np.ndarray, max_tokens: int, *, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0):  # fmt: skip
+                 num_replicas: int = 1, rank: int = 0, mixture: Mixture | None = None):  # fmt: skip
         """lengths: (N, 2) tokens per example, source and target, special tokens included."""
         self.lengths = np.asarray(lengths).reshape(-1, 2)
         longest = int(self.lengths.max(initial=0))
@@ -26,7 +29,9 @@ class TokenBatchSampler:
             raise ValueError(f"an example has {longest} tokens but max_tokens={max_tokens}; raise data.max_tokens")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank={rank} is outside num_replicas={num_replicas}")
-        self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
+        if mixture is not None and sum(mixture.sizes) != len(self.lengths):
+            raise ValueError(f"the mixture's corpora hold {sum(mixture.sizes)} examples, lengths {len(self.lengths)}")
+        self.max_tokens, self.shuffle, self.seed, self.mixture = max_tokens, shuffle, seed, mixture
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch, self.position = 0, 0  # position: batches of this epoch handed out
         self._resume_at = 0  # where the next pass starts: 0, or a restored position
@@ -35,8 +40,12 @@ class TokenBatchSampler:
     def all_batches(self, epoch: int) -> list[np.ndarray]:
         """Every rank's batches of `epoch`, before the split between ranks."""
         rng = np.random.default_rng([self.seed, epoch])
-        n = len(self.lengths)
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        if self.mixture is not None and self.shuffle:
+            drawn = self.mixture.draw(rng)
+            order = drawn[rng.permutation(len(drawn))]
+        else:
+            order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
+        n = len(order)
         size = self.lengths.max(axis=1)
         order = order[np.lexsort((self.lengths[order].sum(axis=1), size[order]))]  # by longest side, then total
         batches, start = [], 0

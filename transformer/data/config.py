@@ -1,53 +1,114 @@
-"""The data config: where the corpus is, which languages, how to tokenize, clean and batch it."""
+"""The data config: which corpora, which languages, how to mix, tokenize, clean and batch them."""
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from ..config_check import check_field_types
 
 FORMATS = ("text", "json", "parquet", "csv", "hub")
 TOKENIZER_TYPES = ("unigram", "bpe")
+BAD_SHARDS = ("warn", "error")
 
 
 @dataclass(frozen=True)
-class DataConfig:
-    path: str = "data/multi30k"  # a folder of files, or a hub dataset name with format=hub
+class CorpusConfig:
+    """One parallel corpus: where it is, how to read it, and its part in the training mix."""
+
+    path: str = ""  # a folder of files, or a hub dataset name with format=hub
     format: str = "text"  # text: {split}.{lang}[.gz] files; json/parquet/csv: {split}.{ext} files; hub
-    src: str = "de"
-    tgt: str = "en"
     hub_config: str | None = None  # e.g. "de-en" for wmt14
     src_column: str | None = None  # two text columns; None: a "translation" column, or columns named src/tgt
     tgt_column: str | None = None
     train_split: str = "train"
-    valid_split: str = "val"
-    test_split: str = "test_2016_flickr"
+    valid_split: str | None = None  # a dev set, scored at each validation as val/{corpus name}/...
+    test_split: str | None = None
+    weight: float = 1.0  # sampling weight in the mix (see DataConfig.temperature)
+    tag: str | None = (
+        None  # a reserved piece put before every source of this corpus, e.g. __bt__ (<bt> needs quotes in overrides)
+    )
+
+    def __post_init__(self):
+        check_field_types(self, self._prefix())
+        if not self.path:
+            raise ValueError(f"{self._prefix()}.path is empty; give the corpus's folder or hub name")
+        if self.format not in FORMATS:
+            raise ValueError(f"{self._prefix()}.format={self.format!r} is not one of {', '.join(FORMATS)}")
+        if not self.weight > 0:
+            raise ValueError(f"{self._prefix()}.weight={self.weight} must be positive; leave a corpus out to skip it")
+        if self.tag is not None and (not self.tag.strip() or self.tag != "".join(self.tag.split())):
+            raise ValueError(f"{self._prefix()}.tag={self.tag!r} must be one piece without spaces, e.g. __bt__")
+
+    def _prefix(self) -> str:
+        return "data" if isinstance(self, DataConfig) else "data.corpora.<name>"
+
+    def corpus(self) -> "CorpusConfig":
+        """This corpus's own fields alone (a DataConfig's main corpus)."""
+        return CorpusConfig(**{f.name: getattr(self, f.name) for f in fields(CorpusConfig)})
+
+
+@dataclass(frozen=True)
+class DataConfig(CorpusConfig):
+    """The main corpus (the fields it shares with CorpusConfig: its dev and test sets are validation's and
+    evaluate's defaults), more corpora to mix in, and what applies to all of them."""
+
+    path: str = "data/multi30k"
+    valid_split: str | None = "val"
+    test_split: str | None = "test_2016_flickr"
+    name: str | None = None  # the main corpus's name in the mix and in metrics; null: its folder's name
+    corpora: dict[str, CorpusConfig] = field(default_factory=dict)  # more corpora, by name, mixed into training
+    temperature: float | None = None  # null: each corpus's share of an epoch is weight / sum of weights;
+    # T: share ~ weight x pairs^(1/T) (T=1 in proportion to size, larger T flatter, as in multilingual MT)
+    epoch_pairs: int | None = None  # pairs drawn per epoch; null: all corpora's kept pairs (when mixing)
+    src: str = "de"
+    tgt: str = "en"
     vocab_size: int = 8000
     joint_vocab: bool = True  # one sentencepiece model for both languages
     tokenizer_type: str = "unigram"
+    tokenizer_sentences: int = 1_000_000  # the tokenizer trains on at most this many sentences, sampled by the mix
     max_length: int = 250  # training pairs with more tokens on either side are dropped
     max_length_ratio: float = 3.0  # training pairs whose token counts differ by more than this factor are dropped
     max_tokens: int = 4096  # padded tokens per batch (batch size x longest sequence)
+    streaming: bool = False  # read training pairs from prepare's shards in a bounded buffer, not all in memory
+    buffer_pairs: int = 100_000  # streaming: pairs length-bucketed and shuffled together
+    bad_shards: str = "warn"  # streaming: a shard that cannot be read is skipped with a warning, or stops (error)
     seed: int = 1
     cache_dir: str = "data/cache"
     num_workers: int = 0
 
     def __post_init__(self):
-        check_field_types(self, "data")
+        super().__post_init__()
+        corpora = {k: v if isinstance(v, CorpusConfig) else _corpus(k, v) for k, v in self.corpora.items()}
+        object.__setattr__(self, "corpora", corpora)
         for name, value, choices in (
-            ("format", self.format, FORMATS),
             ("tokenizer_type", self.tokenizer_type, TOKENIZER_TYPES),
+            ("bad_shards", self.bad_shards, BAD_SHARDS),
         ):
             if value not in choices:
                 raise ValueError(f"data.{name}={value!r} is not one of {', '.join(choices)}")
         if self.src == self.tgt:
             raise ValueError(f"data.src and data.tgt are both {self.src!r}; choose two languages")
-        for name in ("vocab_size", "max_length", "max_tokens"):
-            if getattr(self, name) <= 0:
+        for name in ("vocab_size", "max_length", "max_tokens", "tokenizer_sentences", "buffer_pairs",
+                     "temperature", "epoch_pairs"):  # fmt: skip
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"data.{name}={getattr(self, name)} must be positive")
         if self.max_tokens < self.max_length + 1:
             raise ValueError(
                 f"data.max_tokens={self.max_tokens} cannot hold one pair of data.max_length={self.max_length} tokens "
                 f"(plus its end token); raise data.max_tokens or lower data.max_length"
             )
+        if self.main_name in corpora:
+            raise ValueError(f"data.corpora.{self.main_name} has the main corpus's name; rename it or set data.name")
+
+    @property
+    def main_name(self) -> str:
+        return self.name or Path(self.path).name or "corpus"
+
+    def all_corpora(self) -> dict[str, CorpusConfig]:
+        """Every corpus by name, the main one first."""
+        return {self.main_name: self.corpus(), **self.corpora}
+
+    def tags(self) -> list[str]:
+        return sorted({c.tag for c in self.all_corpora().values() if c.tag})
 
     @classmethod
     def from_dict(cls, values: dict) -> "DataConfig":
@@ -55,3 +116,15 @@ class DataConfig:
         if unknown:
             raise ValueError(f"unknown data config field(s): {', '.join(sorted(unknown))}")
         return cls(**values)
+
+
+def _corpus(name: str, values) -> CorpusConfig:
+    if not isinstance(values, dict):
+        raise ValueError(f"data.corpora.{name}={values!r} must be a mapping with at least a path")
+    unknown = set(values) - {f.name for f in fields(CorpusConfig)}
+    if unknown:
+        raise ValueError(f"unknown field(s) in data.corpora.{name}: {', '.join(sorted(unknown))}")
+    try:
+        return CorpusConfig(**values)
+    except ValueError as e:
+        raise ValueError(str(e).replace("data.corpora.<name>", f"data.corpora.{name}")) from None

@@ -9,8 +9,10 @@ from torch.utils.data import DataLoader
 
 from .batching import Collate, TokenBatchSampler, TokenDataset, example_lengths
 from .config import DataConfig
+from .mixing import Mixture
 from .prepare import PreparedData, prepare_data
 from .sources import DataError
+from .streaming import StreamingBatches, StreamPosition
 from .tokenizer import SentencePiece
 
 
@@ -20,7 +22,9 @@ class TranslationDataModule(pl.LightningDataModule):
         self.cfg = cfg
         self.prepared: PreparedData | None = None
         self.train_sampler: TokenBatchSampler | None = None
+        self.stream_position: StreamPosition | None = None  # data.streaming: the streams' place, from consumed batches
         self._sampler_state: dict | None = None
+        self._stream_state: list[dict] | None = None  # one per rank
         self._resume_point: tuple[int, int] | None = None
 
     def prepare_data(self) -> None:  # once per node: trains and encodes, or finds the cache
@@ -48,10 +52,24 @@ class TranslationDataModule(pl.LightningDataModule):
         return self.data.tgt_tokenizer
 
     @property
+    def validation_sets(self) -> dict[str, datasets.Dataset]:
+        """Each corpus's dev set by corpus name, the main corpus's first: its pairs by example index (the `index`
+        of a validation batch): src and tgt texts, src_ids and tgt_ids without special tokens (a tag first)."""
+        corpora = self.cfg.all_corpora()
+        return {name: self.dataset(f"{name}/{c.valid_split}") for name, c in corpora.items() if c.valid_split}
+
+    @property
     def validation_split(self) -> datasets.Dataset:
-        """The validation pairs by example index (the `index` of a validation batch): src and tgt texts,
-        src_ids and tgt_ids without special tokens."""
-        return self.data.splits[self.cfg.valid_split]
+        """The main corpus's dev set."""
+        return self.dataset(self.cfg.valid_split)
+
+    def dataset(self, name: str) -> datasets.Dataset:
+        """A split by name: one of the main corpus's splits, or corpus/split for any corpus."""
+        corpus, split = name.split("/", 1) if "/" in name else (self.cfg.main_name, name)
+        if split not in self.data.corpora.get(corpus, {}):
+            others = [f"{c}/{s}" for c, splits in self.data.corpora.items() if c != self.cfg.main_name for s in splits]
+            raise DataError(f"unknown split {name!r}; the corpora have {', '.join([*self.data.splits, *others])}")
+        return self.data.corpora[corpus][split]
 
     def checkpoint_extras(self) -> dict:
         """What a checkpoint needs to translate alone: the tokenizers' bytes, and which corpus and languages
@@ -65,12 +83,10 @@ class TranslationDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _loader(self, split: str, shuffle: bool, num_replicas: int = 1, rank: int = 0) -> DataLoader:
-        if split not in self.data.splits:
-            raise DataError(f"unknown split {split!r}; {self.cfg.path} has {', '.join(self.data.splits)}")
-        ds = self.data.splits[split]
+    def _loader(self, ds: datasets.Dataset, shuffle: bool, num_replicas: int = 1, rank: int = 0,
+                mixture: Mixture | None = None) -> DataLoader:  # fmt: skip
         sampler = TokenBatchSampler(example_lengths(ds), self.cfg.max_tokens, shuffle=shuffle, seed=self.cfg.seed,
-                                    num_replicas=num_replicas, rank=rank)  # fmt: skip
+                                    num_replicas=num_replicas, rank=rank, mixture=mixture)  # fmt: skip
         tok = self.tgt_tokenizer
         return DataLoader(
             TokenDataset(ds), batch_sampler=sampler, collate_fn=Collate(tok.pad_id, tok.bos_id, tok.eos_id),
@@ -81,20 +97,57 @@ class TranslationDataModule(pl.LightningDataModule):
         )  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
-        loader = self._loader(self.cfg.train_split, True, *self._ranks())
+        """Every corpus's training pairs laid end to end, each epoch drawn from by the mixture; or streamed."""
+        if self.cfg.streaming:
+            return self._stream_loader()
+        trains = [self.data.corpora[name][c.train_split] for name, c in self.cfg.all_corpora().items()]
+        train = trains[0] if len(trains) == 1 else datasets.concatenate_datasets(trains)
+        loader = self._loader(train, True, *self._ranks(), mixture=self.data.mixture)
         self.train_sampler = loader.batch_sampler
         self._restore_sampler()
         return loader
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.cfg.valid_split, False, *self._ranks())  # each rank validates its share
+    def _stream_loader(self) -> "StreamLoader":
+        """Training batches streamed from the training splits' Arrow shards (transformer/data/streaming.py)."""
+        world, rank = self._ranks()
+        corpora = self.cfg.all_corpora()
+        shards = [[f["filename"] for f in self.data.corpora[n][c.train_split].cache_files] for n, c in corpora.items()]
+        tok = self.tgt_tokenizer
+        dataset = StreamingBatches(
+            shards, self.data.mixture.shares, max_tokens=self.cfg.max_tokens, buffer_pairs=self.cfg.buffer_pairs,
+            batches_per_worker=-(-self._epoch_batches() // (world * max(self.cfg.num_workers, 1))),
+            collate=Collate(tok.pad_id, tok.bos_id, tok.eos_id), seed=self.cfg.seed, num_replicas=world, rank=rank,
+            bad_shard=self.cfg.bad_shards,
+        )  # fmt: skip
+        self.stream_position = StreamPosition(self.cfg.num_workers)
+        self._restore_sampler()
+        return StreamLoader(dataset, self.stream_position, self.cfg.num_workers, self.cfg.seed)
+
+    def _epoch_batches(self) -> int:
+        """About as many batches as the in-memory sampler makes of an epoch's pairs (from prepare's mean lengths;
+        a streamed epoch only counts batches)."""
+        mix, corpora = self.data.mixture, self.cfg.all_corpora()
+        stats = [self.data.corpus_stats[n][c.train_split] for n, c in corpora.items()]
+        longest = sum(share * (max(s["src_mean"], s["tgt_mean"]) + 1) for share, s in zip(mix.shares, stats))
+        return max(1, round(mix.epoch_pairs * longest / (0.95 * self.cfg.max_tokens)))  # ~5% padding in buckets
+
+    def consumed(self, batch: dict) -> None:
+        """A training batch the loop has trained on (ExactResume calls this): where the streams resume."""
+        if self.stream_position is not None and "stream" in batch:
+            self.stream_position.update(batch)
+
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        """One loader per dev set, in validation_sets order (one alone when there is one); each rank validates its
+        share."""
+        loaders = [self._loader(ds, False, *self._ranks()) for ds in self.validation_sets.values()]
+        return loaders[0] if len(loaders) == 1 else loaders
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.cfg.test_split, False)
+        return self.split_dataloader(self.cfg.test_split)
 
     def split_dataloader(self, split: str) -> DataLoader:
-        """Any split of the corpus, in length-sorted batches whose `index` maps back to input order."""
-        return self._loader(split, False)
+        """Any split (see `dataset`), in length-sorted batches whose `index` maps back to input order."""
+        return self._loader(self.dataset(split), False)
 
     # The train sampler's place, saved in checkpoints (transformer/training/exact_resume.py keeps it current)
 
@@ -104,12 +157,23 @@ class TranslationDataModule(pl.LightningDataModule):
         self._resume_point = (epoch, position)
 
     def _restore_sampler(self) -> None:
-        """Apply a loaded sampler state once both it and the sampler exist, whichever came first."""
+        """Apply a loaded sampler (or stream) state once both it and the sampler exist, whichever came first."""
         if self._sampler_state is not None and self.train_sampler is not None:
             self.train_sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None
+        if self._stream_state is not None and self.stream_position is not None:
+            _, rank = self._ranks()
+            self.stream_position.load_state_dict(self._stream_state[rank])
+            self._stream_state = None
 
     def state_dict(self) -> dict:
+        if self.stream_position is not None:  # every rank's streams: a rank resumes its own
+            state = self.stream_position.state_dict()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                states = [None] * torch.distributed.get_world_size()
+                torch.distributed.all_gather_object(states, state)
+                return {"streams": states}
+            return {"streams": [state]}
         if self.train_sampler is None:
             return {}
         state = self.train_sampler.state_dict()
@@ -118,5 +182,23 @@ class TranslationDataModule(pl.LightningDataModule):
         return {"train_sampler": state}
 
     def load_state_dict(self, state: dict) -> None:
-        self._sampler_state = state.get("train_sampler")
+        self._sampler_state, self._stream_state = state.get("train_sampler"), state.get("streams")
         self._restore_sampler()
+
+
+class StreamLoader(DataLoader):
+    """A DataLoader over StreamingBatches that hands the streams their place before each pass (loader workers are
+    new processes each epoch), and knows its epoch's length."""
+
+    def __init__(self, dataset: StreamingBatches, position: StreamPosition, num_workers: int, seed: int):
+        super().__init__(
+            dataset, batch_size=None, num_workers=num_workers, generator=torch.Generator().manual_seed(seed)
+        )  # fmt: skip  (as _loader: not the global RNG)
+        self.position = position
+
+    def __iter__(self):
+        self.dataset.resume_from(self.position.worker_states())
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        return self.dataset.epoch_batches(self.num_workers)

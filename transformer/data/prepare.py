@@ -1,16 +1,19 @@
-"""Tokenize and clean a corpus once; cache the tokenizer and the encoded splits under data/.
+"""Tokenize and clean the corpora once; cache the tokenizer and the encoded splits under data/.
 
 Cache layout, each folder keyed by a hash of everything it depends on:
-    {cache_dir}/{corpus}.{src}-{tgt}.{tokenizer key}/spm.model             (joint; or spm.{lang}.model each)
-    {cache_dir}/{corpus}.{src}-{tgt}.{tokenizer key}/encoded.{data key}/   (DatasetDict, Arrow files)
+    {cache_dir}/{corpora}.{src}-{tgt}.{tokenizer key}/spm.model             (joint; or spm.{lang}.model each)
+    {cache_dir}/{corpora}.{src}-{tgt}.{tokenizer key}/encoded.{data key}/{corpus}/   (DatasetDict, Arrow files)
+A damaged encoded folder (a truncated Arrow file, say) is found on loading, named in a warning and rebuilt.
 """
 
 import hashlib
 import json
 import logging
+import math
 import os
-import re
 import shutil
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,41 +21,78 @@ import datasets
 import numpy as np
 import pyarrow.compute as pc
 
-from .config import DataConfig
-from .sources import LARGE, load_corpus, progress_bars_if_large
+from .cleaning import CONTROL, DROP_REASONS, clean, length_stats, repairs
+from .config import CorpusConfig, DataConfig
+from .mixing import Mixture
+from .sources import LARGE, DataError, load_corpus, progress_bars_if_large
 from .tokenizer import SentencePiece, train_sentencepiece
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 2  # bump when the encoded layout or cleaning changes, so old caches are not reused
-DROP_REASONS = ("empty", "too_long", "length_ratio")
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0/C1 controls but tab and newline
+FORMAT_VERSION = 3  # bump when the encoded layout or cleaning changes, so old caches are not reused
+SHARD_PAIRS = 100_000  # pairs per Arrow file of a training split: the unit a stream reads and splits
+FEATURES = datasets.Features(
+    {"src": datasets.Value("string"), "tgt": datasets.Value("string"),
+     "src_ids": datasets.List(datasets.Value("int32")), "tgt_ids": datasets.List(datasets.Value("int32"))}
+)  # fmt: skip
 
 
 @dataclass
 class PreparedData:
     src_tokenizer: SentencePiece
     tgt_tokenizer: SentencePiece
-    splits: datasets.DatasetDict  # columns: src, tgt (text), src_ids, tgt_ids (no special tokens)
-    stats: dict[str, dict]  # per split: pairs, kept, dropped by reason, token lengths
+    corpora: dict[str, datasets.DatasetDict]  # by corpus name, the main one first; columns src, tgt (text),
+    # src_ids, tgt_ids (no special tokens; a corpus's tag is the first source id)
+    corpus_stats: dict[str, dict[str, dict]]  # per corpus and split: pairs, kept, dropped by reason, lengths
+    mixture: Mixture  # the training splits laid end to end in corpora order, and each one's share of an epoch
     folder: Path  # the encoded folder
     reused: bool  # True when nothing was trained or encoded
+
+    @property
+    def splits(self) -> datasets.DatasetDict:
+        """The main corpus's splits."""
+        return next(iter(self.corpora.values()))
+
+    @property
+    def stats(self) -> dict[str, dict]:
+        return next(iter(self.corpus_stats.values()))
 
 
 def _key(*parts) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
 
 
-def _tokenizers(
-    cfg: DataConfig, corpus: datasets.DatasetDict, folder: Path
-) -> tuple[SentencePiece, SentencePiece, bool]:
-    train = corpus[cfg.train_split]
+def _tokenizer_sentences(trains: list[datasets.Dataset], shares: np.ndarray, cap: int, columns: tuple[str, ...],
+                         seed: int) -> Iterator[str]:  # fmt: skip
+    """At most `cap` sentences of the training splits, each corpus by its share of the mix (a small corpus is not
+    drowned by a large one; one above its size repeats); read block by block, never whole columns as lists. A
+    corpus sampled whole is read in order."""
+    total = min(cap, sum(len(t) for t in trains) * len(columns))
+    rng = np.random.default_rng(seed)
+    for ds, share in zip(trains, shares):
+        pairs = int(round(share * total / len(columns)))
+        if not len(ds) or not pairs:
+            continue
+        whole, rest = divmod(pairs, len(ds))
+        index = np.concatenate([np.arange(len(ds))] * whole + [np.sort(rng.permutation(len(ds))[:rest])])
+        for start in range(0, len(index), 50_000):
+            block = ds.select(index[start : start + 50_000])
+            for column in columns:
+                yield from block[column]
+
+
+def _tokenizers(cfg: DataConfig, trains: list[datasets.Dataset], shares: np.ndarray,
+                folder: Path) -> tuple[SentencePiece, SentencePiece, bool]:  # fmt: skip
+    def train(columns: tuple[str, ...], name: str) -> SentencePiece:
+        sentences = _tokenizer_sentences(trains, shares, cfg.tokenizer_sentences, columns, cfg.seed)
+        return train_sentencepiece(sentences, folder / name, cfg.vocab_size, cfg.tokenizer_type, cfg.tags(),
+                                   cfg.tokenizer_sentences)  # fmt: skip
+
     if cfg.joint_vocab:
         path = folder / "spm.model"
         if path.exists():
             return SentencePiece(path), SentencePiece(path), True
         log.info("training a joint %s sentencepiece model of %d pieces", cfg.tokenizer_type, cfg.vocab_size)
-        both = (s for column in ("src", "tgt") for s in train[column])
-        sp = train_sentencepiece(both, folder / "spm", cfg.vocab_size, cfg.tokenizer_type)
+        sp = train(("src", "tgt"), "spm")
         return sp, sp, False
     models, reused = [], True
     for column, lang in (("src", cfg.src), ("tgt", cfg.tgt)):
@@ -61,104 +101,120 @@ def _tokenizers(
             models.append(SentencePiece(path))
         else:
             log.info("training a %s sentencepiece model of %d pieces for %s", cfg.tokenizer_type, cfg.vocab_size, lang)
-            models.append(
-                train_sentencepiece(train[column], folder / f"spm.{lang}", cfg.vocab_size, cfg.tokenizer_type)
-            )
+            models.append(train((column,), f"spm.{lang}"))
             reused = False
     return models[0], models[1], reused
 
 
-def _clean(ds: datasets.Dataset, cfg: DataConfig) -> tuple[datasets.Dataset, dict[str, int]]:
-    """Drop training pairs that are empty, too long, or of an extreme length ratio; count each reason."""
-    src_len = pc.list_value_length(ds.data.column("src_ids")).to_numpy()
-    tgt_len = pc.list_value_length(ds.data.column("tgt_ids")).to_numpy()
-    empty = np.array([not (s.strip() and t.strip()) for s, t in zip(ds["src"], ds["tgt"])], dtype=bool)
-    too_long = ~empty & ((src_len > cfg.max_length) | (tgt_len > cfg.max_length))
-    ratio = np.maximum(src_len, tgt_len) / np.maximum(np.minimum(src_len, tgt_len), 1)
-    bad_ratio = ~empty & ~too_long & (ratio > cfg.max_length_ratio)
-    keep = ~(empty | too_long | bad_ratio)
-    dropped = dict(zip(DROP_REASONS, (int(empty.sum()), int(too_long.sum()), int(bad_ratio.sum()))))
-    return (ds if keep.all() else ds.select(np.flatnonzero(keep))), dropped
-
-
-def _repairs(ds: datasets.Dataset) -> dict[str, int]:
-    """Pairs with undecodable bytes (read as U+FFFD) and pairs with control characters: kept, repaired."""
-    pairs = list(zip(ds["src"], ds["tgt"]))
-    return {
-        "invalid_utf8": sum("\ufffd" in s or "\ufffd" in t for s, t in pairs),
-        "control_chars": sum(bool(CONTROL.search(s) or CONTROL.search(t)) for s, t in pairs),
-        "truncated": 0,
-    }
-
-
-def _length_stats(ds: datasets.Dataset) -> dict[str, float]:
-    stats = {}
-    for side in ("src", "tgt"):
-        n = pc.list_value_length(ds.data.column(f"{side}_ids")).to_numpy() if len(ds) else np.zeros(1)
-        stats[f"{side}_mean"], stats[f"{side}_p95"] = float(n.mean()), float(np.percentile(n, 95))
-    return stats
-
-
-def prepare_data(cfg: DataConfig) -> PreparedData:
-    """Train or reuse the tokenizer, encode and clean every split, or reuse all of it from the cache."""
-    corpus, fingerprint = load_corpus(cfg)
-    name = Path(cfg.path).name or "corpus"
-    tok_key = _key(FORMAT_VERSION, fingerprint, cfg.src, cfg.tgt, cfg.vocab_size, cfg.joint_vocab, cfg.tokenizer_type)
-    tok_folder = Path(cfg.cache_dir) / f"{name}.{cfg.src}-{cfg.tgt}.{tok_key}"
-    src_tok, tgt_tok, tok_reused = _tokenizers(cfg, corpus, tok_folder)
-
-    folder = tok_folder / f"encoded.{_key(cfg.train_split, cfg.max_length, cfg.max_length_ratio)}"
-    if folder.exists():
-        stats = json.loads((folder / "stats.json").read_text())
-        log.info("reused the cached tokenizer and encoded data in %s", folder)
-        return PreparedData(src_tok, tgt_tok, datasets.load_from_disk(str(folder)), stats, folder, tok_reused)
-
-    features = datasets.Features(
-        {"src": datasets.Value("string"), "tgt": datasets.Value("string"),
-         "src_ids": datasets.List(datasets.Value("int32")), "tgt_ids": datasets.List(datasets.Value("int32"))}
-    )  # fmt: skip
+def _encode_corpus(corpus: CorpusConfig, splits: datasets.DatasetDict, cfg: DataConfig, src_tok: SentencePiece,
+                   tgt_tok: SentencePiece) -> tuple[dict[str, datasets.Dataset], dict[str, dict]]:  # fmt: skip
+    """Every split encoded (the tag, if any, first); the training split cleaned, the others cut to max_length."""
+    tag = [src_tok.tag_id(corpus.tag)] if corpus.tag else []
 
     def encode(batch):  # control characters become spaces
         src, tgt = [CONTROL.sub(" ", t) for t in batch["src"]], [CONTROL.sub(" ", t) for t in batch["tgt"]]
-        return {"src": src, "tgt": tgt, "src_ids": src_tok.encode(src), "tgt_ids": tgt_tok.encode(tgt)}
+        return {"src": src, "tgt": tgt, "src_ids": [tag + x for x in src_tok.encode(src)],
+                "tgt_ids": tgt_tok.encode(tgt)}  # fmt: skip
 
     def truncate(batch):
         return {side: [x[: cfg.max_length] for x in batch[side]] for side in ("src_ids", "tgt_ids")}
 
     encoded, stats = {}, {}
-    for split, ds in corpus.items():
-        repaired = _repairs(ds)
+    for split, ds in splits.items():
+        repaired = repairs(ds)
         big = len(ds) > LARGE  # worker processes pay for themselves only on large corpora
         with progress_bars_if_large(len(ds)):
-            ds = ds.map(
-                encode, batched=True, batch_size=10_000, features=features, num_proc=os.cpu_count() if big else None
-            )
-        dropped = dict.fromkeys(DROP_REASONS, 0)
-        if split == cfg.train_split:
-            ds, dropped = _clean(ds, cfg)
+            ds = ds.map(encode, batched=True, batch_size=10_000, features=FEATURES, num_proc=os.cpu_count() if big else None)  # fmt: skip
+        dropped, dropped_tokens = dict.fromkeys(DROP_REASONS, 0), dict.fromkeys(DROP_REASONS, 0)
+        if split == corpus.train_split:
+            ds, dropped, dropped_tokens = clean(ds, cfg.max_length, cfg.max_length_ratio)
         else:  # evaluation pairs are never dropped; sequences too long to batch are cut to max_length tokens
             longest = np.maximum(*(pc.list_value_length(ds.data.column(c)).to_numpy() for c in ("src_ids", "tgt_ids")))
             repaired["truncated"] = int((longest > cfg.max_length).sum())
             if repaired["truncated"]:
                 with progress_bars_if_large(len(ds)):
-                    ds = ds.map(truncate, batched=True, features=features)
+                    ds = ds.map(truncate, batched=True, features=FEATURES)
         encoded[split] = ds
-        stats[split] = {
-            "pairs": len(ds) + sum(dropped.values()),
-            "kept": len(ds),
-            "dropped": dropped,
-            "repaired": repaired,
-            **_length_stats(ds),
-        }
+        stats[split] = {"pairs": len(ds) + sum(dropped.values()), "kept": len(ds), "dropped": dropped,
+                        "dropped_tokens": dropped_tokens, "repaired": repaired, **length_stats(ds)}  # fmt: skip
         if sum(dropped.values()):
-            log.info("%s: dropped %s", split, ", ".join(f"{n} {reason}" for reason, n in dropped.items()))
+            log.info(
+                "%s/%s: dropped %s", corpus.path, split, ", ".join(f"{n} {reason}" for reason, n in dropped.items())
+            )
+    return encoded, stats
 
+
+def _load_encoded(folder: Path, names: list[str]) -> tuple[dict[str, datasets.DatasetDict], dict] | None:
+    """The cached encoded corpora, or None (with a warning naming the folder) when any part is damaged."""
+    try:
+        stats = json.loads((folder / "stats.json").read_text())
+        corpora = {name: datasets.load_from_disk(str(folder / name)) for name in names}
+        for name, splits in corpora.items():
+            for split, ds in splits.items():
+                if len(ds) != stats[name][split]["kept"]:
+                    raise ValueError(f"{name}/{split} holds {len(ds)} pairs, {stats[name][split]['kept']} were written")
+    except Exception as e:  # any damage: the cache is ours to rebuild from the corpora
+        reason = f"{type(e).__name__}: {str(e)[:200]}"
+        warnings.warn(f"the encoded cache {folder} is damaged ({reason}); rebuilding it", stacklevel=2)
+        return None
+    return corpora, stats
+
+
+def _save(corpora: dict[str, dict[str, datasets.Dataset]], stats: dict, folder: Path) -> None:
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    with progress_bars_if_large(max(map(len, encoded.values()))):
-        datasets.DatasetDict(encoded).save_to_disk(str(tmp))
+    for name, splits in corpora.items():
+        for split, ds in splits.items():
+            with progress_bars_if_large(len(ds)):
+                ds.save_to_disk(str(tmp / name / split), num_shards=max(1, math.ceil(len(ds) / SHARD_PAIRS)))
+        (tmp / name / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}))
     (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
     try:
         tmp.rename(folder)  # atomic: another process sees all of it or nothing
     except OSError:  # another process finished first: keep its copy
         shutil.rmtree(tmp, ignore_errors=True)
-    return PreparedData(src_tok, tgt_tok, datasets.load_from_disk(str(folder)), stats, folder, False)
+
+
+def prepare_data(cfg: DataConfig) -> PreparedData:
+    """Train or reuse the tokenizer, encode and clean every split of every corpus, or reuse all of it."""
+    corpora = cfg.all_corpora()
+    loaded, fingerprints = {}, []
+    for name, corpus in corpora.items():
+        loaded[name], fingerprint = load_corpus(corpus, cfg.src, cfg.tgt, cfg.cache_dir)
+        if corpus.train_split not in loaded[name]:
+            raise DataError(f"corpus {name} ({corpus.path}) has no split {corpus.train_split!r} (found "
+                            f"{', '.join(loaded[name])}); set its train_split")  # fmt: skip
+        for field, split in (("valid_split", corpus.valid_split), ("test_split", corpus.test_split)):
+            if split is not None and split not in loaded[name]:
+                raise DataError(f"corpus {name} ({corpus.path}) has no split {split!r} (found "
+                                f"{', '.join(loaded[name])}); set data.{field if name == cfg.main_name else f'corpora.{name}.{field}'}")  # fmt: skip
+        fingerprints.append((name, fingerprint, corpus.train_split, corpus.weight, corpus.tag))
+    trains = [loaded[name][c.train_split] for name, c in corpora.items()]
+    shares = Mixture.of([len(t) for t in trains], [c.weight for c in corpora.values()], cfg.temperature, None).shares
+    tok_key = _key(FORMAT_VERSION, fingerprints, cfg.temperature, cfg.tokenizer_sentences, cfg.src, cfg.tgt,
+                   cfg.vocab_size, cfg.joint_vocab, cfg.tokenizer_type)  # fmt: skip
+    tok_folder = Path(cfg.cache_dir) / f"{'+'.join(corpora)}.{cfg.src}-{cfg.tgt}.{tok_key}"
+    src_tok, tgt_tok, tok_reused = _tokenizers(cfg, trains, np.asarray(shares), tok_folder)
+
+    folder = tok_folder / f"encoded.{_key(cfg.max_length, cfg.max_length_ratio)}"
+    cached = _load_encoded(folder, list(corpora)) if folder.exists() else None
+    if cached is None:
+        if folder.exists():
+            shutil.rmtree(folder)
+        encoded, stats = {}, {}
+        for name, corpus in corpora.items():
+            encoded[name], stats[name] = _encode_corpus(corpus, loaded[name], cfg, src_tok, tgt_tok)
+        _save(encoded, stats, folder)
+        for splits in loaded.values():  # the encoding maps' own cache files, next to the text's Arrow copy
+            for ds in splits.values():
+                ds.cleanup_cache_files()
+        cached = _load_encoded(folder, list(corpora))
+        if cached is None:
+            raise DataError(f"the encoded cache {folder} could not be read back just after writing; check the disk")
+        reused = False
+    else:
+        log.info("reused the cached tokenizer and encoded data in %s", folder)
+        reused = tok_reused
+    encoded, stats = cached
+    sizes = [len(encoded[name][c.train_split]) for name, c in corpora.items()]
+    mixture = Mixture.of(sizes, [c.weight for c in corpora.values()], cfg.temperature, cfg.epoch_pairs)
+    return PreparedData(src_tok, tgt_tok, encoded, stats, mixture, folder, reused)

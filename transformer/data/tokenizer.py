@@ -2,7 +2,7 @@
 
 import hashlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -27,6 +27,24 @@ class SentencePiece:
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
 
+    @property
+    def tags(self) -> list[str]:
+        """The reserved pieces (sentencepiece's user-defined symbols) that mark a corpus, e.g. <bt>."""
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self.sp.serialized_model_proto())
+        return list(proto.trainer_spec.user_defined_symbols)
+
+    def tag_id(self, tag: str) -> int:
+        if tag not in self.tags:
+            reserved = ", ".join(self.tags) or "none"
+            raise DataError(
+                f"tag={tag!r} is not a reserved piece of this tokenizer (reserved: {reserved}); use one of those, "
+                "or train with that tag on a corpus (data.corpora.<name>.tag)"
+            )
+        return self.sp.piece_to_id(tag)
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         return self.sp.encode(texts)
 
@@ -45,8 +63,10 @@ def vocabulary_fingerprint(model: bytes) -> str:
     return hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
 
 
-def train_sentencepiece(sentences: Iterable[str], prefix: Path, vocab_size: int, model_type: str) -> SentencePiece:
-    """Train a model on `sentences`, written to prefix.model; byte fallback keeps every character encodable."""
+def train_sentencepiece(sentences: Iterable[str], prefix: Path, vocab_size: int, model_type: str,
+                        tags: Sequence[str] = (), max_sentences: int = 5_000_000) -> SentencePiece:  # fmt: skip
+    """Train a model on `sentences` (sentencepiece samples max_sentences of them), written to prefix.model; byte
+    fallback keeps every character encodable; tags become reserved pieces, never split."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
     tmp = prefix.with_name(prefix.name + ".tmp")
 
@@ -56,8 +76,8 @@ def train_sentencepiece(sentences: Iterable[str], prefix: Path, vocab_size: int,
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=non_empty(), model_prefix=str(tmp), vocab_size=vocab_size, model_type=model_type,
-            byte_fallback=True, character_coverage=1.0, input_sentence_size=5_000_000, shuffle_input_sentence=True,
-            num_threads=2, minloglevel=2, **SPECIAL_IDS,
+            byte_fallback=True, character_coverage=1.0, input_sentence_size=max_sentences, shuffle_input_sentence=True,
+            num_threads=2, minloglevel=2, **SPECIAL_IDS, **({"user_defined_symbols": list(tags)} if tags else {}),
         )  # fmt: skip
     except RuntimeError as e:
         too_big = re.search(r"Please set it to a value <= (\d+)", str(e))

@@ -99,6 +99,17 @@ def _disk_full(error: Exception, checkpoint: dict, path: Path) -> TrainingError 
     return TrainingError(f"disk full: {path.parent} has {free:,} bytes free, {path.name} needs {needed.size:,}; {then}")
 
 
+def check_monitors(callbacks: list, metrics: list[str]) -> None:
+    """A callback watching a validation metric that no dev set logs (a misspelt dev set name) would never fire."""
+    for c in callbacks:
+        monitor = getattr(c, "monitor", None)
+        if isinstance(monitor, str) and monitor.startswith("val/") and monitor not in metrics:
+            raise TrainingError(
+                f"{type(c).__name__} monitors {monitor!r}, which validation does not log; use one of "
+                f"{', '.join(metrics)}"
+            )
+
+
 class BestCheckpoint(ModelCheckpoint):
     """The best K checkpoints by a metric that some validations do not log (BLEU is scored every N): those
     validations save nothing here, instead of failing or reusing the previous validation's score."""

@@ -93,6 +93,8 @@ class ExactResume(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs, batch, batch_idx: int) -> None:
         self._resume_at(trainer, trainer.current_epoch, batch_idx + 1)
+        if isinstance(trainer.datamodule, TranslationDataModule):
+            trainer.datamodule.consumed(batch)  # streamed data: the streams' place is in the batch
 
     def on_train_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:
         # Only from here on is the epoch over for Lightning: a checkpoint written after the validation that

@@ -41,9 +41,9 @@ class TranslationModule(pl.LightningModule):
         self.model = build_model(self.model_config, self.runtime_config)
         self._step_tokens = 0  # real target tokens of this optimizer step's micro-batches so far (host ints)
         self.validations = 0  # completed validation runs, for bleu_every
-        self.scorer: BleuScorer | None = None  # validation BLEU, set in setup()
-        self.last_score: Score | None = None
-        self._val_nll, self._val_tokens = 0.0, 0
+        self.scorers: dict[str, BleuScorer] = {}  # validation BLEU per dev set, the main one first; set in setup()
+        self.last_score: Score | None = None  # the main dev set's
+        self._val_sums: dict[int, list] = {}  # per dev set (dataloader index): [NLL, target tokens] so far
         self.skipped_steps, self._skipped_in_a_row = 0, 0  # fp16 steps the gradient scaler skipped
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
@@ -119,37 +119,53 @@ class TranslationModule(pl.LightningModule):
     # Validation: loss and perplexity over the whole split; BLEU and chrF from greedy decoding
 
     def setup(self, stage: str) -> None:
-        """BLEU is scored against the data module's validation split (a scorer set before fit is kept)."""
+        """BLEU is scored against each of the data module's dev sets (scorers set before fit are kept)."""
         data = self.trainer.datamodule
-        if self.scorer is None and isinstance(data, TranslationDataModule):
-            split = data.validation_split
-            sources, references = list(split["src"]), list(split["tgt"])
-            self.scorer = BleuScorer(data.tgt_tokenizer, sources, references, self.validation_config)
+        if not self.scorers and isinstance(data, TranslationDataModule):
+            for name, split in data.validation_sets.items():
+                sources, references = list(split["src"]), list(split["tgt"])
+                self.scorers[name] = BleuScorer(data.tgt_tokenizer, sources, references, self.validation_config)
 
     def _scoring(self) -> bool:
         every = self.validation_config.bleu_every
-        if self.scorer is None or every <= 0 or self.trainer.sanity_checking:
+        if not self.scorers or every <= 0 or self.trainer.sanity_checking:
             return False
         return self.validations % every == 0
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         nll, _ = self._loss_sum(batch, 0.0)  # unsmoothed, so that val/ppl is a perplexity
-        self._val_nll += nll.item()
-        self._val_tokens += batch["tgt_tokens"]
+        sums = self._val_sums.setdefault(dataloader_idx, [0.0, 0])
+        sums[0] += nll.item()
+        sums[1] += batch["tgt_tokens"]
         if self._scoring():
-            self.scorer.add(self.model, batch["src"], batch["index"])
+            list(self.scorers.values())[dataloader_idx].add(self.model, batch["src"], batch["index"])
+
+    @staticmethod
+    def validation_metrics(dev_sets: list[str]) -> list[str]:
+        """The names on_validation_epoch_end logs for these dev sets (the main one first)."""
+        kinds = ("loss", "ppl", "bleu", "chrf")
+        per_set = [f"val/{name}/{k}" for name in dev_sets for k in kinds] if len(dev_sets) > 1 else []
+        return [f"val/{k}" for k in kinds] + per_set
 
     def on_validation_epoch_end(self) -> None:
-        sums = torch.tensor([self._val_nll, self._val_tokens], dtype=torch.float64, device=self.device)
-        if self.trainer.world_size > 1:
-            sums = self.all_gather(sums).reshape(-1, 2).sum(0)
-        self._val_nll, self._val_tokens = 0.0, 0
-        loss = (sums[0] / sums[1].clamp(min=1)).item()  # NLL per target token over the whole set
-        self.log_dict({"val/loss": loss, "val/ppl": math.exp(min(loss, 50))}, prog_bar=True)
-        score = self.scorer.score(self.trainer.world_size) if self._scoring() else None
-        if score is not None:
-            self.last_score = score  # TensorBoardSamples shows its examples and signature
-            self.log_dict({"val/bleu": score.bleu, "val/chrf": score.chrf}, prog_bar=True)
+        """val/loss, val/ppl, val/bleu and val/chrf of the main dev set; with several, val/{name}/... of each too."""
+        names = list(self.scorers) or ["main"]
+        for i, name in enumerate(names):
+            sums = torch.tensor(self._val_sums.get(i, [0.0, 0]), dtype=torch.float64, device=self.device)
+            if self.trainer.world_size > 1:
+                sums = self.all_gather(sums).reshape(-1, 2).sum(0)
+            loss = (sums[0] / sums[1].clamp(min=1)).item()  # NLL per target token over the whole set
+            metrics = {"loss": loss, "ppl": math.exp(min(loss, 50))}
+            score = self.scorers[name].score(self.trainer.world_size) if self._scoring() else None
+            if score is not None:
+                metrics |= {"bleu": score.bleu, "chrf": score.chrf}
+                if i == 0:
+                    self.last_score = score  # TensorBoardSamples shows its examples and signature
+            if i == 0:
+                self.log_dict({f"val/{k}": v for k, v in metrics.items()}, prog_bar=True)
+            if len(names) > 1:
+                self.log_dict({f"val/{name}/{k}": v for k, v in metrics.items()})
+        self._val_sums = {}
         if not self.trainer.sanity_checking:
             self.validations += 1
 
