@@ -53,6 +53,7 @@ CLOCK = "bench_data first step done at"  # FirstStepClock's line: seconds since 
 class Measured:
     wall_s: float
     peak_pss_mib: float  # the tree's, sampled
+    peak_anon_mib: float  # the tree's anonymous part of it (not the memory-mapped Arrow pages the kernel can drop)
     max_rss_mib: float  # the largest single process's peak, exact
     output: str  # stdout and stderr, interleaved
 
@@ -75,14 +76,16 @@ def _tree(root: int) -> list[int]:
     return tree
 
 
-def _pss_kib(pid: int) -> int:
+def _pss_kib(pid: int) -> tuple[int, int]:
+    """(PSS, its anonymous part) of a process, KiB."""
+    found = {}
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
+            if line.startswith(("Pss:", "Pss_Anon:")):
+                found[line.split(":")[0]] = int(line.split()[1])
     except (OSError, ValueError):
         pass
-    return 0
+    return found.get("Pss", 0), found.get("Pss_Anon", 0)
 
 
 def run_measured(cmd: list[str], env: dict | None = None, echo: bool = False) -> Measured:
@@ -90,12 +93,13 @@ def run_measured(cmd: list[str], env: dict | None = None, echo: bool = False) ->
     with tempfile.TemporaryFile("w+") as out:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})})
-        peak = 0
+        peak = peak_anon = 0
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # wait4, not poll(): it gives the child's rusage
             if pid:
                 break
-            peak = max(peak, sum(_pss_kib(p) for p in _tree(proc.pid)))
+            sizes = [_pss_kib(p) for p in _tree(proc.pid)]
+            peak, peak_anon = max(peak, sum(s[0] for s in sizes)), max(peak_anon, sum(s[1] for s in sizes))
             time.sleep(0.1)
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -105,7 +109,7 @@ def run_measured(cmd: list[str], env: dict | None = None, echo: bool = False) ->
         print(output, end="")
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd[:4])} ... exited with {proc.returncode}")
-    return Measured(wall, peak / 1024, usage.ru_maxrss / 1024, output)
+    return Measured(wall, peak / 1024, peak_anon / 1024, usage.ru_maxrss / 1024, output)
 
 
 def _child_result(output: str) -> dict:
@@ -184,14 +188,15 @@ def bench_prepare(args) -> None:
     state = "reused" if "(reused)" in run.output else "built"  # prepare's report says which
     shape = format_length_stats(read_manifest(folder)["stats"])
     row = (f"| {args.pairs:,} | {args.vocab_size} | {state} | {secs(run.wall_s)} | {mib(run.peak_pss_mib)} | "
-           f"{mib(run.max_rss_mib)} | {os.cpu_count()} |")  # fmt: skip
+           f"{mib(run.peak_anon_mib)} | {mib(run.max_rss_mib)} | {os.cpu_count()} |")  # fmt: skip
     report(
         args, "prepare", "Preparing a WMT-sized corpus",
         f"`python -m transformer.prepare` on the synthetic WMT14-shaped corpus ({shape}), gzipped text; built: "
         "tokenizer trained and every split encoded (with --fresh from an empty cache), reused: all of it found in "
         "the cache. Wall time of the whole process; peak memory of its process tree (PSS, worker processes "
         "included) and of its largest process (peak RSS).",
-        "| pairs | vocabulary | cache | wall s | peak tree PSS MiB | largest process peak RSS MiB | CPUs |",
+        "| pairs | vocabulary | cache | wall s | peak tree PSS MiB | of it anonymous MiB | largest process peak RSS MiB "
+        "| CPUs |",
         [row],
     )  # fmt: skip
 
@@ -251,7 +256,7 @@ def bench_loader(args) -> None:
             f"| {'streaming' if args.streaming else 'in memory'} | {workers} | {secs(r['setup_s'])} | "
             f"{secs(r['first_batch_s'])} | {r['batches_per_s']:,.1f} | {r['tokens_per_s']:,.0f} | "
             f"{r['tokens_per_s'] / FEED_TARGET:.2f}x | {mib(r['setup_rss_mib'])} | {mib(run.peak_pss_mib)} | "
-            f"{mib(run.max_rss_mib)} |"
+            f"{mib(run.peak_anon_mib)} | {mib(run.max_rss_mib)} |"
         )
         print(rows[-1], flush=True)
     best = max(rates, key=rates.get)
@@ -269,7 +274,7 @@ def bench_loader(args) -> None:
         "which then spends 1/ratio of its time on them. Memory: resident after setup; the peak of the process "
         "tree (PSS, workers included); the largest process's peak RSS.",
         "| loader | workers | setup s | first batch s | batches/s | target tok/s | vs 300k tok/s | "
-        "RSS after setup MiB | peak tree PSS MiB | largest process peak RSS MiB |",
+        "RSS after setup MiB | peak tree PSS MiB | of it anonymous MiB | largest process peak RSS MiB |",
         rows,
     )  # fmt: skip
 
@@ -337,7 +342,7 @@ def bench_stream_rss(args) -> None:
         rows.append(
             f"| {pairs:,} | {shards} | {args.buffer_pairs:,} | {args.workers} | {secs(r['first_batch_s'])} | "
             f"{r['tokens_per_s']:,.0f} | {mib(r['before_mib'])} | {mib(r['hwm_mib'])} | {mib(run.peak_pss_mib)} | "
-            f"{mib(run.max_rss_mib)} |"
+            f"{mib(run.peak_anon_mib)} | {mib(run.max_rss_mib)} |"
         )
         print(rows[-1], flush=True)
     report(
@@ -349,7 +354,7 @@ def bench_stream_rss(args) -> None:
         "grow with the corpus: resident before the loader, the main process's peak, the tree's peak PSS (workers "
         "included) and the largest process's peak RSS.",
         "| pairs | shards | buffer pairs | workers | first batch s | target tok/s | RSS before MiB | peak RSS MiB | "
-        "peak tree PSS MiB | largest process peak RSS MiB |",
+        "peak tree PSS MiB | of it anonymous MiB | largest process peak RSS MiB |",
         rows,
     )  # fmt: skip
 
@@ -385,7 +390,7 @@ def bench_first_step(args) -> None:
     clock = re.search(re.escape(CLOCK) + r" ([\d.]+)", run.output)
     first = secs(float(clock.group(1)) - started) if clock else "n/a"
     row = (f"| {args.pairs:,} | {args.model} | {args.max_tokens} | {first} | {secs(run.wall_s)} | "
-           f"{mib(run.peak_pss_mib)} | {mib(run.max_rss_mib)} |")  # fmt: skip
+           f"{mib(run.peak_pss_mib)} | {mib(run.peak_anon_mib)} | {mib(run.max_rss_mib)} |")  # fmt: skip
     print(row)
     report(
         args, "first_step", "Time to the first training step at WMT size",
@@ -394,7 +399,8 @@ def bench_first_step(args) -> None:
         "logger): seconds from starting the process to the end of the first step (a callback's clock), and to "
         "the process's exit (the last checkpoint written); peak memory of the process tree (PSS) and its largest "
         "process (peak RSS).",
-        "| pairs | model | max_tokens | first step s | exit s | peak tree PSS MiB | largest process peak RSS MiB |",
+        "| pairs | model | max_tokens | first step s | exit s | peak tree PSS MiB | of it anonymous MiB | "
+        "largest process peak RSS MiB |",
         [row],
     )  # fmt: skip
 

@@ -117,10 +117,11 @@ class TokenDataset(torch.utils.data.Dataset):
 
     @staticmethod
     def _flat(ds: Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-        col = ds.with_format("arrow")[column].combine_chunks() if len(ds) else None
-        if col is None:
+        """The column's ids end to end and each row's offset into them: one copy out of the memory-mapped table."""
+        if not len(ds):
             return np.zeros(0, np.int32), np.zeros(1, np.int64)
-        values = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        col = ds.data.column(column) if ds._indices is None else ds.with_format("arrow")[column]  # rows as selected
+        values = pc.list_flatten(col).to_numpy().astype(np.int32, copy=False)
         offsets = np.concatenate([[0], np.cumsum(pc.list_value_length(col).to_numpy())])
         return values, offsets
 

@@ -64,7 +64,7 @@ class DataConfig(CorpusConfig):
     vocab_size: int = 8000
     joint_vocab: bool = True  # one sentencepiece model for both languages
     tokenizer_type: str = "unigram"
-    tokenizer_sentences: int = 1_000_000  # the tokenizer trains on at most this many sentences, sampled by the mix
+    tokenizer_sentences: int = 500_000  # the tokenizer trains on at most this many sentences, sampled by the mix
     max_length: int = 250  # training pairs with more tokens on either side are dropped
     max_length_ratio: float = 3.0  # training pairs whose token counts differ by more than this factor are dropped
     max_tokens: int = 4096  # padded tokens per batch (batch size x longest sequence)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from .cleaning import CONTROL, DROP_REASONS, clean, length_stats, repairs
@@ -64,8 +65,8 @@ def _key(*parts) -> str:
 def _tokenizer_sentences(trains: list[datasets.Dataset], shares: np.ndarray, cap: int, columns: tuple[str, ...],
                          seed: int) -> Iterator[str]:  # fmt: skip
     """At most `cap` sentences of the training splits, each corpus by its share of the mix (a small corpus is not
-    drowned by a large one; one above its size repeats); read block by block, never whole columns as lists. A
-    corpus sampled whole is read in order."""
+    drowned by a large one; one above its size repeats), corpus by corpus and column by column. A corpus sampled
+    whole is read in order."""
     total = min(cap, sum(len(t) for t in trains) * len(columns))
     rng = np.random.default_rng(seed)
     for ds, share in zip(trains, shares):
@@ -73,11 +74,36 @@ def _tokenizer_sentences(trains: list[datasets.Dataset], shares: np.ndarray, cap
         if not len(ds) or not pairs:
             continue
         whole, rest = divmod(pairs, len(ds))
-        index = np.concatenate([np.arange(len(ds))] * whole + [np.sort(rng.permutation(len(ds))[:rest])])
-        for start in range(0, len(index), 50_000):
-            block = ds.select(index[start : start + 50_000])
-            for column in columns:
-                yield from block[column]
+        picked = np.sort(rng.permutation(len(ds))[:rest])
+        texts = _rows(ds, np.arange(len(ds)) if whole else picked, columns)
+        for column in columns:
+            if not whole:
+                yield from texts[column]
+                continue
+            for _ in range(whole):
+                yield from texts[column]
+            yield from (texts[column][i] for i in picked)
+
+
+def _rows(ds: datasets.Dataset, index: np.ndarray, columns: tuple[str, ...]) -> dict[str, list[str]]:
+    """The texts of rows `index` (sorted), read from the dataset's Arrow file record batch by record batch when it
+    has one: through its memory map, every page touched would count in this process's memory while the tokenizer
+    trains (about the corpus's size at WMT scale)."""
+    files = [f["filename"] for f in ds.cache_files]
+    schema = pa.ipc.open_stream(files[0]).schema.names if len(files) == 1 else []
+    if not set(columns) <= set(schema) or ds._indices is not None or ds.data.num_rows != len(ds):
+        selected = ds.select(index)
+        return {column: selected[column] for column in columns}
+    texts, start = {column: [] for column in columns}, 0
+    with pa.OSFile(files[0]) as source:
+        for batch in pa.ipc.open_stream(source):
+            rows = index[np.searchsorted(index, start) : np.searchsorted(index, start + batch.num_rows)] - start
+            if len(rows):
+                taken = batch.take(pa.array(rows))
+                for column in columns:
+                    texts[column] += taken.column(column).to_pylist()
+            start += batch.num_rows
+    return texts
 
 
 def _tokenizers(cfg: DataConfig, trains: list[datasets.Dataset], shares: np.ndarray,

@@ -4,7 +4,8 @@ The invariant: a run stopped after optimizer step k and resumed from that step's
 exactly the batches, dropout masks and validations that the run never stopped has after step k, so that its
 losses and weights are that run's. It takes:
 - the train sampler's place: the batch after the last one trained (loader workers fetch ahead, so the
-  sampler's own count is too far), or the next epoch's first once the epoch has ended;
+  sampler's own count is too far), or the next epoch's first once the epoch has ended; streamed data
+  (data.streaming), each stream's state as of the last batch trained from it (carried in the batch);
 - the random state (dropout), set again just before the first batch trained after resuming, so that the sanity
   check and the loader's start in between do not shift it;
 - the count of validations (BLEU is scored every N) and of fp16 steps the gradient scaler skipped;
