@@ -54,6 +54,17 @@ def test_one_corpus_taken_whole_batches_as_without_a_mixture():
     assert [b.tolist() for b in plain] == [b.tolist() for b in mixed]
 
 
+def test_every_epoch_of_a_mixture_has_the_first_epoch_s_number_of_batches():
+    """Lightning validates and ends an epoch by the first epoch's length; a later draw packs differently."""
+    lengths = np.random.default_rng(0).integers(2, 60, size=(300, 2))
+    sampler = TokenBatchSampler(lengths, 100, seed=1, mixture=Mixture.of([200, 100], [1, 3], None, 250))
+    assert len({len(sampler._packed(e)) for e in range(12)}) > 1  # the draws do pack into different numbers
+    for e in range(12):
+        batches = sampler.all_batches(e)
+        assert len(batches) == len(sampler._packed(0))
+        assert all(lengths[b].max() * len(b) <= 100 for b in batches)
+
+
 def test_the_tokenizer_sample_follows_the_shares_and_is_capped(tmp_path):
     prepared = prepare_data(mix_config(tmp_path))
     trains = [c["train"] for c in prepared.corpora.values()]
@@ -96,10 +107,11 @@ def test_a_mixed_run_logs_every_dev_set_and_evaluates_a_tagged_one(tmp_path):
     write_text_corpus(main)
     write_text_corpus(small, SMALL)
     trainer = run_train(tmp_path / "run", [
-        *tiny_data(main, tmp_path / "cache"), "model=tiny", "trainer.max_steps=6", "trainer.enable_progress_bar=false",
+        *tiny_data(main, tmp_path / "cache"), "model=tiny", "trainer.max_epochs=3", "trainer.enable_progress_bar=false",
         f"+data.corpora.small.path={small}", "+data.corpora.small.valid_split=dev", "+data.corpora.small.tag=__small__",
         "data.epoch_pairs=120", "~logger", *RECORD,
     ])  # fmt: skip
+    assert trainer.lightning_module.validations == 3  # every epoch validated, though each draw packs differently
     logged = set(trainer.callback_metrics)
     assert {"val/bleu", "val/main/bleu", "val/small/bleu", "val/small/loss"} <= logged
     assert trainer.callback_metrics["val/bleu"] == trainer.callback_metrics["val/main/bleu"]

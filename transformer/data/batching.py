@@ -36,9 +36,24 @@ class TokenBatchSampler:
         self.epoch, self.position = 0, 0  # position: batches of this epoch handed out
         self._resume_at = 0  # where the next pass starts: 0, or a restored position
         self._cache: tuple[int, list[np.ndarray]] | None = None
+        self._mixed_length: int | None = None  # batches in every epoch of a mixture: the first epoch's
 
     def all_batches(self, epoch: int) -> list[np.ndarray]:
-        """Every rank's batches of `epoch`, before the split between ranks."""
+        """Every rank's batches of `epoch`, before the split between ranks. Each epoch of a mixture has as many as
+        the first: Lightning takes an epoch's length (when to validate, where it ends) from the first epoch's, and
+        another draw packs into a few more or fewer batches. A surplus is left out, a shortfall repeats some of the
+        epoch's own batches: each is a random sample of the corpora either way."""
+        batches = self._packed(epoch)
+        if self.mixture is None or not self.shuffle:
+            return batches
+        if self._mixed_length is None:
+            self._mixed_length = len(batches) if epoch == 0 else len(self._packed(0))
+        extra = np.random.default_rng([self.seed, epoch, 1]).choice(
+            len(batches), max(self._mixed_length - len(batches), 0)
+        )
+        return batches[: self._mixed_length] + [batches[i] for i in extra]  # batches are in random order already
+
+    def _packed(self, epoch: int) -> list[np.ndarray]:
         rng = np.random.default_rng([self.seed, epoch])
         if self.mixture is not None and self.shuffle:
             drawn = self.mixture.draw(rng)
