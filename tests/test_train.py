@@ -197,11 +197,12 @@ def test_train_command_writes_its_run_folder(tmp_path):
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
-@pytest.mark.slow  # every experiment file end to end, on Multi30k
+@pytest.mark.slow  # every experiment file end to end, on Multi30k (and the mix's other corpora)
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml")))
 def test_every_experiment_runs_one_batch(experiment, tmp_path, multi30k_cache):
-    if not MULTI30K.exists():
-        pytest.skip("Multi30k is not linked into data/ (see data/README.md)")
+    corpora = [MULTI30K] + ([ROOT / "data" / c for c in ("tatoeba_deen", "wmt_news_deen")] if "mix" in experiment else [])
+    if not all(c.exists() for c in corpora):
+        pytest.skip(f"{', '.join(c.name for c in corpora)} not all linked into data/ (see data/README.md)")
     # GPU recipes run here with the tiny model: everything else as on the GPU (batches, workers, bf16, schedule).
     tiny = ["model.size=tiny"] if experiment.endswith("_gpu") else []
     trainer = run_train(tmp_path / "run", [f"experiment={experiment}", "trainer.fast_dev_run=true", *tiny,
