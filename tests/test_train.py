@@ -200,7 +200,9 @@ def test_train_command_writes_its_run_folder(tmp_path):
 @pytest.mark.slow  # every experiment file end to end, on Multi30k (and the mix's other corpora)
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml")))
 def test_every_experiment_runs_one_batch(experiment, tmp_path, multi30k_cache):
-    corpora = [MULTI30K] + ([ROOT / "data" / c for c in ("tatoeba_deen", "wmt_news_deen")] if "mix" in experiment else [])
+    corpora = [MULTI30K] + (
+        [ROOT / "data" / c for c in ("tatoeba_deen", "wmt_news_deen")] if "mix" in experiment else []
+    )
     if not all(c.exists() for c in corpora):
         pytest.skip(f"{', '.join(c.name for c in corpora)} not all linked into data/ (see data/README.md)")
     # GPU recipes run here with the tiny model: everything else as on the GPU (batches, workers, bf16, schedule).
