@@ -34,7 +34,7 @@ def evaluate(translator: Translator, data: DataConfig, split: str, search: Searc
     """Translations of the split (input order; a split of the main corpus, or corpus/split of any) and their BLEU
     and chrF against its references. A tagged corpus's sources get its tag, as in training."""
     corpora = data.all_corpora()
-    name, part = split.split("/", 1) if "/" in split else (data.main_name, split)
+    name, part = data.locate(split)
     if name not in corpora:
         raise DataError(f"split={split!r}: no corpus {name!r}; the checkpoint's corpora are {', '.join(corpora)}")
     corpus = corpora[name]

@@ -107,6 +107,10 @@ class DataConfig(CorpusConfig):
         """Every corpus by name, the main one first."""
         return {self.main_name: self.corpus(), **self.corpora}
 
+    def locate(self, split: str) -> tuple[str, str]:
+        """(corpus name, split) of a split's name: corpus/split, or a split of the main corpus."""
+        return tuple(split.split("/", 1)) if "/" in split else (self.main_name, split)
+
     def tags(self) -> list[str]:
         return sorted({c.tag for c in self.all_corpora().values() if c.tag})
 

@@ -65,7 +65,7 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def dataset(self, name: str) -> datasets.Dataset:
         """A split by name: one of the main corpus's splits, or corpus/split for any corpus."""
-        corpus, split = name.split("/", 1) if "/" in name else (self.cfg.main_name, name)
+        corpus, split = self.cfg.locate(name)
         if split not in self.data.corpora.get(corpus, {}):
             others = [f"{c}/{s}" for c, splits in self.data.corpora.items() if c != self.cfg.main_name for s in splits]
             raise DataError(f"unknown split {name!r}; the corpora have {', '.join([*self.data.splits, *others])}")
@@ -83,13 +83,20 @@ class TranslationDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
+    def _collate(self) -> Collate:
+        tok = self.tgt_tokenizer
+        return Collate(tok.pad_id, tok.bos_id, tok.eos_id)
+
+    def _train_splits(self) -> list[datasets.Dataset]:
+        """Every corpus's training split, in the mixture's order."""
+        return [self.data.corpora[name][c.train_split] for name, c in self.cfg.all_corpora().items()]
+
     def _loader(self, ds: datasets.Dataset, shuffle: bool, num_replicas: int = 1, rank: int = 0,
                 mixture: Mixture | None = None) -> DataLoader:  # fmt: skip
         sampler = TokenBatchSampler(example_lengths(ds), self.cfg.max_tokens, shuffle=shuffle, seed=self.cfg.seed,
                                     num_replicas=num_replicas, rank=rank, mixture=mixture)  # fmt: skip
-        tok = self.tgt_tokenizer
         return DataLoader(
-            TokenDataset(ds), batch_sampler=sampler, collate_fn=Collate(tok.pad_id, tok.bos_id, tok.eos_id),
+            TokenDataset(ds), batch_sampler=sampler, collate_fn=self._collate(),
             num_workers=self.cfg.num_workers,
             # its own generator: starting an iteration otherwise draws from the global RNG, which dropout
             # uses, and a resumed run would then see different dropout masks than an uninterrupted one
@@ -100,7 +107,7 @@ class TranslationDataModule(pl.LightningDataModule):
         """Every corpus's training pairs laid end to end, each epoch drawn from by the mixture; or streamed."""
         if self.cfg.streaming:
             return self._stream_loader()
-        trains = [self.data.corpora[name][c.train_split] for name, c in self.cfg.all_corpora().items()]
+        trains = self._train_splits()
         train = trains[0] if len(trains) == 1 else datasets.concatenate_datasets(trains)
         loader = self._loader(train, True, *self._ranks(), mixture=self.data.mixture)
         self.train_sampler = loader.batch_sampler
@@ -110,13 +117,11 @@ class TranslationDataModule(pl.LightningDataModule):
     def _stream_loader(self) -> "StreamLoader":
         """Training batches streamed from the training splits' Arrow shards (transformer/data/streaming.py)."""
         world, rank = self._ranks()
-        corpora = self.cfg.all_corpora()
-        shards = [[f["filename"] for f in self.data.corpora[n][c.train_split].cache_files] for n, c in corpora.items()]
-        tok = self.tgt_tokenizer
+        shards = [[f["filename"] for f in train.cache_files] for train in self._train_splits()]
         dataset = StreamingBatches(
             shards, self.data.mixture.shares, max_tokens=self.cfg.max_tokens, buffer_pairs=self.cfg.buffer_pairs,
             batches_per_worker=-(-self._epoch_batches() // (world * max(self.cfg.num_workers, 1))),
-            collate=Collate(tok.pad_id, tok.bos_id, tok.eos_id), seed=self.cfg.seed, num_replicas=world, rank=rank,
+            collate=self._collate(), seed=self.cfg.seed, num_replicas=world, rank=rank,
             bad_shard=self.cfg.bad_shards,
         )  # fmt: skip
         self.stream_position = StreamPosition(self.cfg.num_workers)

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from .cleaning import CONTROL, DROP_REASONS, clean, length_stats, repairs
 from .config import CorpusConfig, DataConfig
-from .mixing import Mixture
+from .mixing import Mixture, mixture_shares
 from .sources import LARGE, DataError, load_corpus, progress_bars_if_large
 from .tokenizer import SentencePiece, train_sentencepiece
 
@@ -215,11 +215,11 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
                                 f"{', '.join(loaded[name])}); set data.{field if name == cfg.main_name else f'corpora.{name}.{field}'}")  # fmt: skip
         fingerprints.append((name, fingerprint, corpus.train_split, corpus.weight, corpus.tag))
     trains = [loaded[name][c.train_split] for name, c in corpora.items()]
-    shares = Mixture.of([len(t) for t in trains], [c.weight for c in corpora.values()], cfg.temperature, None).shares
+    shares = mixture_shares([len(t) for t in trains], [c.weight for c in corpora.values()], cfg.temperature)
     tok_key = _key(FORMAT_VERSION, fingerprints, cfg.temperature, cfg.tokenizer_sentences, cfg.src, cfg.tgt,
                    cfg.vocab_size, cfg.joint_vocab, cfg.tokenizer_type)  # fmt: skip
     tok_folder = Path(cfg.cache_dir) / f"{'+'.join(corpora)}.{cfg.src}-{cfg.tgt}.{tok_key}"
-    src_tok, tgt_tok, tok_reused = _tokenizers(cfg, trains, np.asarray(shares), tok_folder)
+    src_tok, tgt_tok, tok_reused = _tokenizers(cfg, trains, shares, tok_folder)
 
     folder = tok_folder / f"encoded.{_key(cfg.max_length, cfg.max_length_ratio)}"
     cached = _load_encoded(folder, list(corpora)) if folder.exists() else None
