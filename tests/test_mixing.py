@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformer.data import DataConfig, TokenBatchSampler, TranslationDataModule, prepare_data
+from transformer.data import DataConfig, TokenBatchSampler, TranslationDataModule, load_corpus, prepare_data
 from transformer.data.mixing import Mixture, mixture_shares
 from transformer.data.prepare import _tokenizer_sentences
 from transformer.evaluate import evaluate
@@ -66,8 +66,8 @@ def test_every_epoch_of_a_mixture_has_the_first_epoch_s_number_of_batches():
 
 
 def test_the_tokenizer_sample_follows_the_shares_and_is_capped(tmp_path):
-    prepared = prepare_data(mix_config(tmp_path))
-    trains = [c["train"] for c in prepared.corpora.values()]
+    cfg = mix_config(tmp_path)
+    trains = [load_corpus(c, cfg.src, cfg.tgt, cfg.cache_dir)[0][c.train_split] for c in cfg.all_corpora().values()]
     main, small = set(trains[0]["src"]), set(trains[1]["src"])
     sample = list(_tokenizer_sentences(trains, np.array([0.5, 0.5]), 200, ("src",), seed=0))
     assert len(sample) == 200

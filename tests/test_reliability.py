@@ -161,10 +161,19 @@ def test_a_corpus_of_bad_lines_is_cleaned_with_counts_and_stays_aligned(tmp_path
     assert stats["train"]["dropped"]["empty"] == 1 and stats["train"]["dropped"]["too_long"] == 1
     assert stats["val"]["kept"] == stats["val"]["pairs"] == len(corpus["val"][0]) + 4  # evaluation keeps all
     assert stats["val"]["repaired"] == {"invalid_utf8": 1, "control_chars": 1, "truncated": 1}
-    train = data.data.splits["train"]
-    repaired = {("Ein \ufffd\ufffd kaputt.", "Broken \ufffd bytes."), ("Null  und  [31m farbe.", "Nul  and bell.")}
-    kept = list(zip(train["src"], train["tgt"]))
-    assert set(kept) <= set(zip(*corpus["train"])) | repaired  # no line paired with another's translation
+    train, val = data.data.splits["train"], data.data.splits["val"]
+    assert train.column_names == ["src_ids", "tgt_ids"] and {"src", "tgt"} <= set(val.column_names)  # text for scoring
+
+    def encoded(pairs):
+        sources, targets = zip(*pairs)
+        tokenizers = data.data.src_tokenizer, data.data.tgt_tokenizer
+        return set(zip(*(map(tuple, tok.encode(list(texts))) for tok, texts in zip(tokenizers, (sources, targets)))))
+
+    repaired = encoded(
+        [("Ein \ufffd\ufffd kaputt.", "Broken \ufffd bytes."), ("Null  und  [31m farbe.", "Nul  and bell.")]
+    )
+    kept = list(zip(map(tuple, train["src_ids"]), map(tuple, train["tgt_ids"])))
+    assert set(kept) <= encoded(zip(*corpus["train"])) | repaired  # no line paired with another's translation
     assert repaired <= set(kept) and len(kept) == stats["train"]["kept"]
     for loader in (data.train_dataloader(), data.val_dataloader()):
         assert sum(len(b["index"]) for b in loader) == len(loader.dataset)

@@ -157,7 +157,7 @@ def reference_clean(rows, max_length, max_length_ratio):
     for row in rows:
         s, t, src_ids, tgt_ids = row
         longer, shorter = max(len(src_ids), len(tgt_ids)), max(min(len(src_ids), len(tgt_ids)), 1)
-        if not (s.strip() and t.strip()):
+        if not (cleaning.CONTROL.sub(" ", s).strip() and cleaning.CONTROL.sub(" ", t).strip()):
             reason = "empty"
         elif len(src_ids) > max_length or len(tgt_ids) > max_length:
             reason = "too_long"
@@ -196,15 +196,17 @@ def rows_of(ds: datasets.Dataset):
     return list(zip(ds["src"], ds["tgt"], ds["src_ids"], ds["tgt_ids"]))
 
 
-def test_cleaning_equals_its_python_definition():
+def test_cleaning_equals_its_python_definition(tmp_path):
     full = tricky_encoded(3000)
+    full.save_to_disk(str(tmp_path / "saved"), num_shards=3)
+    on_disk = datasets.load_from_disk(str(tmp_path / "saved"))  # read from its Arrow files, not the memory map
     some = full.select(range(5, 3000, 3))  # a selected dataset: its table still has every row
-    for ds in (full, some, full.select([])):
+    for ds in (full, on_disk, some, full.select([])):
         rows = rows_of(ds)
         assert cleaning.repairs(ds) == reference_repairs(rows)
         assert cleaning.length_stats(ds) == reference_length_stats(rows)
         for max_length, ratio in ((40, 2.0), (1000, 1000.0), (5, 1.5)):
-            cleaned, dropped, tokens = cleaning.clean(ds, max_length, ratio)
+            cleaned, dropped, tokens = cleaning.clean(ds, cleaning.empty(ds), max_length, ratio)
             kept, want_dropped, want_tokens = reference_clean(rows, max_length, ratio)
             assert (rows_of(cleaned), dropped, tokens) == (kept, want_dropped, want_tokens)
             assert cleaning.length_stats(cleaned) == reference_length_stats(kept)
@@ -213,7 +215,7 @@ def test_cleaning_equals_its_python_definition():
 def test_arrow_whitespace_and_controls_are_pythons_for_every_character():
     chars = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
     ds = datasets.Dataset.from_dict({"src": chars, "tgt": ["x"] * len(chars)})
-    assert cleaning.empty(ds).tolist() == [not c.strip() for c in chars]
+    assert cleaning.empty(ds).tolist() == [not cleaning.CONTROL.sub(" ", c).strip() for c in chars]
     counts = cleaning.repairs(ds)
     assert (
         counts["control_chars"] == sum(bool(cleaning.CONTROL.search(c)) for c in chars) == 32 - 2 + 33

@@ -1,14 +1,36 @@
-"""What cleaning counts and drops, computed by Arrow over whole columns: no column is read into Python, so it
-runs in bounded memory at any corpus size. Each function gives what its Python definition in its docstring gives."""
+"""What cleaning counts and drops, computed by Arrow: no column is read into Python, and text is read record batch
+by record batch, so it runs in bounded memory at any corpus size. Each function gives what its Python definition in
+its docstring gives."""
 
 import re
+from collections.abc import Iterator
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0/C1 controls but tab and newline (same pattern in RE2)
 DROP_REASONS = ("empty", "too_long", "length_ratio")
+BATCH_ROWS = 10_000
+
+
+def record_batches(ds: datasets.Dataset, columns: tuple[str, ...]) -> Iterator[pa.RecordBatch | pa.Table]:
+    """The columns of ds's rows, in order, a record batch at a time. A dataset held in Arrow files is read from them
+    with plain reads: through their memory map, every page read would stay resident in this process (at WMT size,
+    the whole corpus)."""
+    files = [f["filename"] for f in ds.cache_files]
+    if not files or ds._indices is not None or ds.data.num_rows != len(ds):  # in memory, or select()ed
+        yield from ds.with_format("arrow").select_columns(list(columns)).iter(batch_size=BATCH_ROWS)
+        return
+    rows = 0
+    for path in files:
+        with pa.OSFile(path) as source:
+            for batch in pa.ipc.open_stream(source):
+                rows += batch.num_rows
+                yield batch.select(list(columns))
+    if rows != len(ds):
+        raise RuntimeError(f"the Arrow files of a dataset of {len(ds)} rows hold {rows}: {files}")
 
 
 def _per_row(ds: datasets.Dataset, values: np.ndarray) -> np.ndarray:
@@ -19,20 +41,28 @@ def _per_row(ds: datasets.Dataset, values: np.ndarray) -> np.ndarray:
 
 def _rows_where(ds: datasets.Dataset, test, columns=("src", "tgt")) -> np.ndarray:
     """Per row of ds: test(column) holds for any of the columns (bool)."""
-    hits = [test(ds.data.column(c)) for c in columns]
-    either = hits[0] if len(hits) == 1 else pc.or_(*hits)
-    return _per_row(ds, either.to_numpy(zero_copy_only=False).astype(bool))
+    hits = [np.zeros(0, bool)]
+    for batch in record_batches(ds, columns):
+        either = pc.or_(*(test(batch.column(c)) for c in columns)) if len(columns) > 1 else test(batch.column(0))
+        hits.append(either.to_numpy(zero_copy_only=False).astype(bool))
+    return np.concatenate(hits)
 
 
 def _lengths(ds: datasets.Dataset, column: str) -> np.ndarray:
-    """Tokens per row of a list column (int)."""
+    """Tokens per row of a list column (int): only its offsets are read."""
     return _per_row(ds, pc.list_value_length(ds.data.column(column)).to_numpy(zero_copy_only=False))
 
 
 def empty(ds: datasets.Dataset) -> np.ndarray:
-    """Per pair: `not (src.strip() and tgt.strip())`. Arrow's whitespace is Python's str.isspace (Unicode
-    category Zs, bidi classes WS, B and S: \\x1c-\\x1f, \\x85, \\u2028 and \\u3000 too)."""
-    return _rows_where(ds, lambda c: pc.or_(pc.equal(pc.binary_length(c), 0), pc.utf8_is_space(c)))
+    """Per pair of texts: `not (CONTROL.sub(" ", src).strip() and CONTROL.sub(" ", tgt).strip())` (encoding replaces
+    control characters by spaces). Arrow's whitespace is Python's str.isspace (Unicode category Zs, bidi classes WS,
+    B and S: \\x1c-\\x1f, \\x85, \\u2028 and \\u3000 too)."""
+
+    def blank(c):
+        spaced = pc.replace_substring_regex(c, CONTROL.pattern, " ")
+        return pc.or_(pc.equal(pc.binary_length(spaced), 0), pc.utf8_is_space(spaced))
+
+    return _rows_where(ds, blank)
 
 
 def repairs(ds: datasets.Dataset) -> dict[str, int]:
@@ -46,13 +76,13 @@ def repairs(ds: datasets.Dataset) -> dict[str, int]:
 
 
 def clean(
-    ds: datasets.Dataset, max_length: int, max_length_ratio: float
+    ds: datasets.Dataset, is_empty: np.ndarray, max_length: int, max_length_ratio: float
 ) -> tuple[datasets.Dataset, dict[str, int], dict[str, int]]:
-    """Drop the pairs that are empty, too long (either side over max_length tokens), or of an extreme length
-    ratio (longer side over max_length_ratio times the shorter, at least 1); each pair is counted under its first
-    reason. Returns the pairs kept, and per reason the pairs dropped and their tokens (src_ids + tgt_ids)."""
+    """Drop the pairs that are empty (is_empty: `empty` of their texts), too long (either side over max_length
+    tokens), or of an extreme length ratio (longer side over max_length_ratio times the shorter, at least 1); each
+    pair is counted under its first reason. Returns the pairs kept, and per reason the pairs dropped and their tokens
+    (src_ids + tgt_ids)."""
     src_len, tgt_len = _lengths(ds, "src_ids"), _lengths(ds, "tgt_ids")
-    is_empty = empty(ds)
     too_long = ~is_empty & ((src_len > max_length) | (tgt_len > max_length))
     ratio = np.maximum(src_len, tgt_len) / np.maximum(np.minimum(src_len, tgt_len), 1)
     bad_ratio = ~is_empty & ~too_long & (ratio > max_length_ratio)

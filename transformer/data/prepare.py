@@ -22,27 +22,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .cleaning import CONTROL, DROP_REASONS, clean, length_stats, repairs
+from .cleaning import CONTROL, DROP_REASONS, clean, empty, length_stats, record_batches, repairs
 from .config import CorpusConfig, DataConfig
 from .mixing import Mixture, mixture_shares
 from .sources import LARGE, DataError, load_corpus, progress_bars_if_large
 from .tokenizer import SentencePiece, train_sentencepiece
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 3  # bump when the encoded layout or cleaning changes, so old caches are not reused
+FORMAT_VERSION = 4  # bump when the encoded layout or cleaning changes, so old caches are not reused
 SHARD_PAIRS = 100_000  # pairs per Arrow file of a training split: the unit a stream reads and splits
-FEATURES = datasets.Features(
-    {"src": datasets.Value("string"), "tgt": datasets.Value("string"),
-     "src_ids": datasets.List(datasets.Value("int32")), "tgt_ids": datasets.List(datasets.Value("int32"))}
-)  # fmt: skip
+ID_FEATURES = datasets.Features(
+    {"src_ids": datasets.List(datasets.Value("int32")), "tgt_ids": datasets.List(datasets.Value("int32"))}
+)
+FEATURES = datasets.Features({"src": datasets.Value("string"), "tgt": datasets.Value("string"), **ID_FEATURES})
 
 
 @dataclass
 class PreparedData:
     src_tokenizer: SentencePiece
     tgt_tokenizer: SentencePiece
-    corpora: dict[str, datasets.DatasetDict]  # by corpus name, the main one first; columns src, tgt (text),
-    # src_ids, tgt_ids (no special tokens; a corpus's tag is the first source id)
+    corpora: dict[str, datasets.DatasetDict]  # by corpus name, the main one first; columns src_ids, tgt_ids (no
+    # special tokens; a corpus's tag is the first source id), and src, tgt (text) but in training splits
     corpus_stats: dict[str, dict[str, dict]]  # per corpus and split: pairs, kept, dropped by reason, lengths
     mixture: Mixture  # the training splits laid end to end in corpora order, and each one's share of an epoch
     folder: Path  # the encoded folder
@@ -86,23 +86,15 @@ def _tokenizer_sentences(trains: list[datasets.Dataset], shares: np.ndarray, cap
 
 
 def _rows(ds: datasets.Dataset, index: np.ndarray, columns: tuple[str, ...]) -> dict[str, list[str]]:
-    """The texts of rows `index` (sorted), read from the dataset's Arrow file record batch by record batch when it
-    has one: through its memory map, every page touched would count in this process's memory while the tokenizer
-    trains (about the corpus's size at WMT scale)."""
-    files = [f["filename"] for f in ds.cache_files]
-    schema = pa.ipc.open_stream(files[0]).schema.names if len(files) == 1 else []
-    if not set(columns) <= set(schema) or ds._indices is not None or ds.data.num_rows != len(ds):
-        selected = ds.select(index)
-        return {column: selected[column] for column in columns}
+    """The texts of rows `index` (sorted), read record batch by record batch (`record_batches`)."""
     texts, start = {column: [] for column in columns}, 0
-    with pa.OSFile(files[0]) as source:
-        for batch in pa.ipc.open_stream(source):
-            rows = index[np.searchsorted(index, start) : np.searchsorted(index, start + batch.num_rows)] - start
-            if len(rows):
-                taken = batch.take(pa.array(rows))
-                for column in columns:
-                    texts[column] += taken.column(column).to_pylist()
-            start += batch.num_rows
+    for batch in record_batches(ds, columns):
+        rows = index[np.searchsorted(index, start) : np.searchsorted(index, start + batch.num_rows)] - start
+        if len(rows):
+            taken = batch.take(pa.array(rows))
+            for column in columns:
+                texts[column] += taken.column(column).to_pylist()
+        start += batch.num_rows
     return texts
 
 
@@ -134,26 +126,31 @@ def _tokenizers(cfg: DataConfig, trains: list[datasets.Dataset], shares: np.ndar
 
 def _encode_corpus(corpus: CorpusConfig, splits: datasets.DatasetDict, cfg: DataConfig, src_tok: SentencePiece,
                    tgt_tok: SentencePiece) -> tuple[dict[str, datasets.Dataset], dict[str, dict]]:  # fmt: skip
-    """Every split encoded (the tag, if any, first); the training split cleaned, the others cut to max_length."""
+    """Every split encoded (the tag, if any, first); the training split cleaned, the others cut to max_length.
+    Training keeps token ids only: the texts, as large again at WMT size, are for scoring dev and test sets."""
     tag = [src_tok.tag_id(corpus.tag)] if corpus.tag else []
 
-    def encode(batch):  # control characters become spaces
+    def encode(batch, with_text: bool):  # control characters become spaces
         src, tgt = [CONTROL.sub(" ", t) for t in batch["src"]], [CONTROL.sub(" ", t) for t in batch["tgt"]]
-        return {"src": src, "tgt": tgt, "src_ids": [tag + x for x in src_tok.encode(src)],
-                "tgt_ids": tgt_tok.encode(tgt)}  # fmt: skip
+        ids = {"src_ids": [tag + x for x in src_tok.encode(src)], "tgt_ids": tgt_tok.encode(tgt)}
+        return {"src": src, "tgt": tgt, **ids} if with_text else ids
 
     def truncate(batch):
         return {side: [x[: cfg.max_length] for x in batch[side]] for side in ("src_ids", "tgt_ids")}
 
     encoded, stats = {}, {}
     for split, ds in splits.items():
-        repaired = repairs(ds)
+        train = split == corpus.train_split
+        with_text = not train or split in (corpus.valid_split, corpus.test_split)
+        repaired, is_empty = repairs(ds), empty(ds) if train else None
         big = len(ds) > LARGE  # worker processes pay for themselves only on large corpora
         with progress_bars_if_large(len(ds)):
-            ds = ds.map(encode, batched=True, batch_size=10_000, features=FEATURES, num_proc=os.cpu_count() if big else None)  # fmt: skip
+            ds = ds.map(encode, fn_kwargs={"with_text": with_text}, batched=True, batch_size=10_000,
+                        features=FEATURES if with_text else ID_FEATURES, remove_columns=None if with_text else ["src", "tgt"],
+                        num_proc=os.cpu_count() if big else None)  # fmt: skip
         dropped, dropped_tokens = dict.fromkeys(DROP_REASONS, 0), dict.fromkeys(DROP_REASONS, 0)
-        if split == corpus.train_split:
-            ds, dropped, dropped_tokens = clean(ds, cfg.max_length, cfg.max_length_ratio)
+        if train:
+            ds, dropped, dropped_tokens = clean(ds, is_empty, cfg.max_length, cfg.max_length_ratio)
         else:  # evaluation pairs are never dropped; sequences too long to batch are cut to max_length tokens
             longest = np.maximum(*(pc.list_value_length(ds.data.column(c)).to_numpy() for c in ("src_ids", "tgt_ids")))
             repaired["truncated"] = int((longest > cfg.max_length).sum())
