@@ -14,7 +14,7 @@ from transformer.data.batching import Collate
 from transformer.data.sources import DataError
 from transformer.data.streaming import StreamingBatches, StreamPosition
 
-from .helpers import RECORD, LossRecorder, callback, run_train, tiny_data, write_text_corpus
+from .helpers import RECORD, LossRecorder, callback, config, run_command, run_train, tiny_data, write_text_corpus
 
 COLLATE = Collate(pad_id=0, bos_id=2, eos_id=3)
 FEATURES = datasets.Features({
@@ -174,6 +174,14 @@ def test_a_state_for_other_workers_is_refused(tmp_path):
     with pytest.raises(ValueError, match="data.num_workers=2"):
         StreamPosition(3).load_state_dict(StreamPosition(2).state_dict())
 
+    from transformer.data import TranslationDataModule
+
+    write_text_corpus(tmp_path / "c")
+    data = TranslationDataModule(config(tmp_path / "c", tmp_path, streaming=True))
+    data.load_state_dict({"streams": [StreamPosition(1).state_dict()] * 2})  # saved by two DDP ranks
+    with pytest.raises(DataError, match="streamed on 2 rank.*this run has 1: resume on 2 devices"):
+        data.train_dataloader()
+
 
 @pytest.mark.parametrize("keep", [0.5, 0.99])
 def test_a_truncated_shard_is_skipped_with_a_warning_or_refused(tmp_path, keep):
@@ -210,3 +218,38 @@ def test_a_streamed_run_stopped_and_resumed_trains_exactly_as_one_never_stopped(
     for step, loss in b.losses.items():
         assert b.batches[step] == a.batches[step], step
         assert loss == pytest.approx(a.losses[step], rel=1e-6, abs=1e-7), step
+
+
+@pytest.mark.slow  # three short DDP runs of two CPU processes (gloo) each
+@pytest.mark.parametrize("streaming", [True, False])
+def test_two_ddp_ranks_stopped_and_resumed_train_exactly_as_never_stopped(tmp_path, streaming):
+    """The checkpoint gathers both ranks' states (random state for dropout; streamed: each rank's own part of the
+    corpus) and each rank resumes its own: after the stop, every rank's losses and batches are the uninterrupted
+    run's. In memory, both ranks step through one list of batches, whose place rank 0's checkpoint holds."""
+    write_text_corpus(tmp_path / "main")
+    common = [
+        *tiny_data(tmp_path / "main", tmp_path / "cache"), "model=tiny", f"data.streaming={str(streaming).lower()}",
+        "data.num_workers=1",
+        "data.buffer_pairs=60", "data.max_tokens=160", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+        "trainer.precision=32", "~logger", "trainer.enable_progress_bar=false", "trainer.check_val_every_n_epoch=50",
+        "+callbacks.recorder._target_=tests.helpers.runs.LossFile",
+    ]  # fmt: skip
+
+    def run(name: str, *overrides: str) -> list[dict]:
+        folder = tmp_path / name
+        result = run_command(*common, f"hydra.run.dir={folder}", f"+callbacks.recorder.folder={folder}", *overrides)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return [json.loads((folder / f"losses.rank{rank}.json").read_text()) for rank in (0, 1)]
+
+    whole = run("a", "trainer.max_steps=12")
+    run("b", "trainer.max_steps=5")
+    resumed = run("b", "trainer.max_steps=12", "ckpt_path=last")
+    for rank in (0, 1):
+        a, b = whole[rank], resumed[rank]
+        assert sorted(map(int, b["losses"])) == list(range(6, 13))
+        for step, loss in b["losses"].items():
+            assert b["batches"][step] == a["batches"][step], (rank, step)
+            assert loss == pytest.approx(a["losses"][step], rel=1e-6, abs=1e-7), (rank, step)
+    seen = [{i for batch in whole[rank]["batches"].values() for i in batch} for rank in (0, 1)]
+    if streaming:  # each rank streams its own part of the corpus
+        assert seen[0] and seen[1] and not seen[0] & seen[1]

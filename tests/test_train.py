@@ -81,7 +81,7 @@ def test_tiny_model_overfits_its_training_pairs_to_bleu_above_90(tmp_path):
 def runs(tmp_path_factory):
     """A: 30 steps (13 batches an epoch, validation every 5 batches, dropout on) uninterrupted. B: the same
     run, SIGTERM during step 18 (mid-epoch), then `ckpt_path=last` into the same folder. C: SIGTERM during
-    step 13, the last of the first epoch, then resumed."""
+    step 13, the last of the first epoch, then resumed. D, E, F below."""
     tmp = tmp_path_factory.mktemp("runs")
     write_text_corpus(tmp / "c")
     common = [*tiny_data(tmp / "c", tmp / "cache"), *RECORD, "model=tiny", "trainer.precision=32",
@@ -106,7 +106,10 @@ def runs(tmp_path_factory):
         run_train(tmp / "e", [*common, "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
                               "+callbacks.signal_at.step=9"])  # fmt: skip
     e = run_train(tmp / "e", [*common, "ckpt_path=last"])
-    return tmp, a, b, stopped.value.code, {18: b, 13: c, "best": d, 10: e}
+    # F: a run of 7 steps (max_steps ends it mid-epoch), continued to 30
+    run_train(tmp / "f", [*common, "trainer.max_steps=7"])
+    f = run_train(tmp / "f", [*common, "ckpt_path=last"])
+    return tmp, a, b, stopped.value.code, {18: b, 13: c, "best": d, 10: e, 7: f}
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_with_its_code(runs):
@@ -115,7 +118,8 @@ def test_sigterm_writes_a_checkpoint_and_exits_with_its_code(runs):
     assert b.global_step == 30
 
 
-@pytest.mark.parametrize("stopped_after", [18, 13, "best", 10])  # mid-epoch; epoch end; best (13); before validation
+# mid-epoch; epoch end; best (13); before validation; at max_steps mid-epoch
+@pytest.mark.parametrize("stopped_after", [18, 13, "best", 10, 7])
 def test_resumed_run_continues_exactly(runs, stopped_after):
     tmp, a, b, code, resumed_runs = runs
     resumed = resumed_runs[stopped_after]

@@ -1,5 +1,6 @@
 """Training runs from a test: the real config composed with overrides, in process or as the command."""
 
+import json
 import os
 import signal
 import subprocess
@@ -53,6 +54,19 @@ class LossRecorder(pl.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.losses[trainer.global_step] = outputs["loss"].item() / batch["tgt_tokens"]  # the loss is summed
         self.batches[trainer.global_step] = batch["index"].tolist()
+
+
+class LossFile(LossRecorder):
+    """LossRecorder for a run in another process (DDP's ranks): each rank writes {folder}/losses.rank{R}.json."""
+
+    def __init__(self, folder: str):
+        super().__init__()
+        self.folder = Path(folder)
+
+    def on_train_end(self, trainer, module):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"losses.rank{trainer.global_rank}.json"
+        path.write_text(json.dumps({"losses": self.losses, "batches": self.batches}))
 
 
 class SignalAt(pl.Callback):

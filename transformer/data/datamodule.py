@@ -7,6 +7,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from ..distributed import every_rank
 from .batching import Collate, TokenBatchSampler, TokenDataset, example_lengths
 from .config import DataConfig
 from .mixing import Mixture
@@ -167,18 +168,18 @@ class TranslationDataModule(pl.LightningDataModule):
             self.train_sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None
         if self._stream_state is not None and self.stream_position is not None:
-            _, rank = self._ranks()
+            world, rank = self._ranks()
+            if len(self._stream_state) != world:  # each rank streams its own part: the parts depend on the count
+                raise DataError(
+                    f"the checkpoint streamed on {len(self._stream_state)} rank(s), this run has {world}: resume "
+                    f"on {len(self._stream_state)} devices (trainer.devices x trainer.num_nodes)"
+                )
             self.stream_position.load_state_dict(self._stream_state[rank])
             self._stream_state = None
 
     def state_dict(self) -> dict:
         if self.stream_position is not None:  # every rank's streams: a rank resumes its own
-            state = self.stream_position.state_dict()
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                states = [None] * torch.distributed.get_world_size()
-                torch.distributed.all_gather_object(states, state)
-                return {"streams": states}
-            return {"streams": [state]}
+            return {"streams": every_rank(self.stream_position.state_dict())}
         if self.train_sampler is None:
             return {}
         state = self.train_sampler.state_dict()

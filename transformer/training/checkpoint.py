@@ -154,7 +154,10 @@ class LastCheckpoint(Checkpoint):
         self._saved_step = trainer.global_step  # resumed: that step's checkpoint exists
 
     def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        if not self.every_n_steps or trainer.global_step % self.every_n_steps:
+        # The run's last batch too: once training ends (max_steps, max_time, a stop), Lightning counts a cut-short
+        # epoch as finished, and a checkpoint written then would resume at the next epoch's start.
+        last = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
+        if not last and (not self.every_n_steps or trainer.global_step % self.every_n_steps):
             return
         moment = save_moment(trainer, batch_idx)
         if moment is SaveMoment.NOW:

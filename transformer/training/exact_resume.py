@@ -6,8 +6,8 @@ losses and weights are that run's. It takes:
 - the train sampler's place: the batch after the last one trained (loader workers fetch ahead, so the
   sampler's own count is too far), or the next epoch's first once the epoch has ended; streamed data
   (data.streaming), each stream's state as of the last batch trained from it (carried in the batch);
-- the random state (dropout), set again just before the first batch trained after resuming, so that the sanity
-  check and the loader's start in between do not shift it;
+- the random state (dropout) of every rank, each set again just before the first batch trained after resuming, so
+  that the sanity check and the loader's start in between do not shift it;
 - the count of validations (BLEU is scored every N) and of fp16 steps the gradient scaler skipped;
 - writing a checkpoint only where resuming from it is exact (`save_moment`): at an optimizer step's end, after a
   validation due after this batch (else resuming would skip it), and not at the end of an epoch's last batch
@@ -27,6 +27,7 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 
 from ..data import TranslationDataModule
+from ..distributed import every_rank
 
 
 class SaveMoment(Enum):
@@ -53,8 +54,10 @@ def _validation_due(trainer: Trainer, batch_idx: int) -> bool:
     if not trainer.enable_validation or every is None or math.isinf(every):
         return False
     if trainer.check_val_every_n_epoch is None:  # validation every N steps across epochs
-        return trainer.global_step % every == 0
-    return (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch == 0 and (batch_idx + 1) % every == 0
+        return trainer.global_step % every == 0 or trainer.should_stop
+    validating_epoch = (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch == 0
+    # a run told to stop (max_time, a callback) validates first, in an epoch that validates
+    return validating_epoch and ((batch_idx + 1) % every == 0 or trainer.should_stop)
 
 
 class ExactResume(Callback):
@@ -65,12 +68,13 @@ class ExactResume(Callback):
         self._rng_to_restore: dict | None = None
 
     def on_save_checkpoint(self, trainer: Trainer, module: LightningModule, checkpoint: dict) -> None:
-        checkpoint["rng"] = rng_state()
+        checkpoint["rng"] = every_rank(rng_state())  # each rank's dropout has drawn for its own batches
         checkpoint["validations"] = module.validations
         checkpoint["skipped_steps"] = module.skipped_steps
 
     def on_load_checkpoint(self, trainer: Trainer, module: LightningModule, checkpoint: dict) -> None:
-        self._rng_to_restore = checkpoint.get("rng")
+        rng = checkpoint.get("rng")  # one per rank; a single state in checkpoints before that
+        self._rng_to_restore = rng[trainer.global_rank % len(rng)] if isinstance(rng, list) else rng
         module.validations = checkpoint.get("validations", 0)
         module.skipped_steps = checkpoint.get("skipped_steps", 0)
 

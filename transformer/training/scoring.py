@@ -9,6 +9,7 @@ from torch import Tensor
 
 from ..data import SentencePiece
 from ..decoding import greedy_search
+from ..distributed import every_rank
 from ..model import EncoderDecoder
 from .config import ValidationConfig
 
@@ -60,6 +61,4 @@ class BleuScorer:
 def _gather(hypotheses: dict[int, list[int]], world_size: int) -> dict[int, list[int]]:
     if world_size == 1:
         return hypotheses
-    parts = [None] * world_size
-    torch.distributed.all_gather_object(parts, hypotheses)
-    return {i: h for part in parts for i, h in part.items()}
+    return {i: h for part in every_rank(hypotheses) for i, h in part.items()}
