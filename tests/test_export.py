@@ -1,0 +1,107 @@
+"""CTranslate2 export: the exported model computes what ours computes, for every architecture it can represent."""
+
+import numpy as np
+import pytest
+import torch
+
+from transformer.export import UnsupportedModel, ctranslate2_spec, supported, write_model
+from transformer.inference import SearchConfig, Translator
+from transformer.model import ModelConfig, build_model
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+SPECIAL = {"unk": "<unk>", "bos": "<s>", "eos": "</s>"}
+
+
+def pieces(n: int) -> list[str]:
+    return ["<pad>", "<unk>", "<s>", "</s>", *(f"w{i}" for i in range(4, n))]
+
+
+def exported(translator: Translator, folder, quantization=None) -> "ctranslate2.Translator":
+    src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
+    vocab = [[t.sp.id_to_piece(i) for i in range(t.vocab_size)] for t in (src, tgt)]
+    special = {name: tgt.sp.id_to_piece(getattr(tgt, f"{name}_id")) for name in SPECIAL}
+    spec = ctranslate2_spec(translator.model_config, translator.model.state_dict(), *vocab, special)
+    return ctranslate2.Translator(str(write_model(spec, folder, quantization)), device="cpu", intra_threads=2)
+
+
+def greedy(translator: Translator, engine, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """Our greedy tokens and the export's, per text."""
+    src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
+    ids = src.encode(texts)
+    ours = [h[0].tokens for h in translator.search(ids, SearchConfig(beam_size=1))]
+    found = engine.translate_batch([[src.sp.id_to_piece(i) for i in s] for s in ids], beam_size=1)
+    return ours, [[tgt.sp.piece_to_id(p) for p in r.hypotheses[0]] for r in found]
+
+
+def test_a_float32_export_decodes_greedily_exactly_as_translate(trained, tmp_path):
+    tmp, _, checkpoint = trained
+    translator = Translator.from_path(str(checkpoint))
+    texts = (tmp / "c" / "val.de").read_text().splitlines()
+    ours, theirs = greedy(translator, exported(translator, tmp_path / "ct2"), texts)
+    assert len(ours) == len(texts) > 20 and ours == theirs
+
+
+def test_an_int8_export_decodes_nearly_as_float32(trained, tmp_path):
+    tmp, _, checkpoint = trained
+    translator = Translator.from_path(str(checkpoint))
+    texts = (tmp / "c" / "val.de").read_text().splitlines()
+    exported(translator, tmp_path / "float32")
+    ours, theirs = greedy(translator, exported(translator, tmp_path / "int8", "int8"), texts)
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.8 * len(texts)
+    size = {name: (tmp_path / name / "model.bin").stat().st_size for name in ("float32", "int8")}
+    assert size["int8"] < 0.6 * size["float32"]  # the weight matrices in a byte each (norms, biases stay float)
+    assert greedy(translator, exported(translator, tmp_path / "again"), texts) == (ours, ours)  # the model unchanged
+
+
+VARIANTS = {
+    "pre-LN, shared, tied": {},
+    "post-LN": {"norm_first": False},
+    "separate vocabularies": {"share_embeddings": False, "tie_output": False, "src_vocab_size": 37},
+    "learned positions": {"positions": "learned", "max_positions": 64},
+    "GELU": {"activation": "gelu"},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_supported_variant_scores_targets_as_the_model(variant, tmp_path):
+    """Per-token log-probabilities of random targets given random sources: the whole network, both engines."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{"src_vocab_size": 41, "tgt_vocab_size": 41, "pad_id": 0, "d_model": 32, "n_heads": 4,
+                         "d_ff": 64, "n_encoder_layers": 2, "n_decoder_layers": 2, **VARIANTS[variant]})  # fmt: skip
+    model = build_model(cfg).eval()
+    with torch.no_grad():  # non-trivial norms, so that mixing up two of them shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    src_vocab, tgt_vocab = pieces(cfg.src_vocab_size), pieces(cfg.tgt_vocab_size)
+    spec = ctranslate2_spec(cfg, model.state_dict(), src_vocab, tgt_vocab, SPECIAL)
+    engine = ctranslate2.Translator(str(write_model(spec, tmp_path / "ct2")), device="cpu")
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        src = rng.integers(4, cfg.src_vocab_size, size=int(rng.integers(1, 12))).tolist()
+        tgt = rng.integers(4, cfg.tgt_vocab_size, size=int(rng.integers(1, 12))).tolist()
+        (scored,) = engine.score_batch([[src_vocab[i] for i in src]], [[tgt_vocab[i] for i in tgt]])
+        with torch.no_grad():  # ours: source + EOS; BOS + target in, target + EOS out
+            logits = model(torch.tensor([src + [3]]), torch.tensor([[2] + tgt]))
+        log_probs = logits.log_softmax(-1)[0].gather(1, torch.tensor(tgt + [3])[:, None])[:, 0]
+        np.testing.assert_allclose(scored.log_probs, log_probs.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_an_architecture_ctranslate2_cannot_run_is_refused_in_one_line():
+    cfg = ModelConfig(src_vocab_size=41, tgt_vocab_size=41, pad_id=0, d_model=32, n_heads=4, window=8)
+    with pytest.raises(UnsupportedModel, match=r"^model.window=8 .* export a model trained without it$"):
+        supported(cfg)
+
+
+def test_a_failed_export_leaves_the_earlier_folder_as_it_was(trained, tmp_path):
+    tmp, _, checkpoint = trained
+    translator = Translator.from_path(str(checkpoint))
+    exported(translator, tmp_path / "ct2")
+    before = (tmp_path / "ct2" / "model.bin").read_bytes()
+    with pytest.raises(ValueError):
+        write_model(
+            ctranslate2_spec(translator.model_config, translator.model.state_dict(), ["<unk>"], ["<unk>"], SPECIAL),
+            tmp_path / "ct2",
+        )
+    assert (tmp_path / "ct2" / "model.bin").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
