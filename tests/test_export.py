@@ -105,3 +105,78 @@ def test_a_failed_export_leaves_the_earlier_folder_as_it_was(trained, tmp_path):
         )
     assert (tmp_path / "ct2" / "model.bin").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+
+
+def export_config(checkpoint, output, **changes):
+    from omegaconf import OmegaConf
+
+    values = {"ckpt_path": str(checkpoint), "output": str(output), "quantization": "float32",
+              "parity_sentences": 1000, "bleu_tolerance": 0.5}  # fmt: skip
+    return OmegaConf.create({**values, **changes})
+
+
+def test_the_export_command_writes_the_folder_and_its_model_card_after_the_gate(trained, tmp_path):
+    import hashlib
+    import json
+
+    from transformer.export.__main__ import export
+
+    tmp, _, checkpoint = trained
+    folder, failure = export(export_config(checkpoint, tmp_path / "ct2"))
+    assert failure is None and folder == tmp_path / "ct2"
+    assert {"model.bin", "config.json", "source.spm.model", "target.spm.model", "model_card.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+    card = json.loads((folder / "model_card.json").read_text())
+    assert card["checkpoint_sha256"] == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+    parity = card["parity"]
+    assert parity["passed"] and parity["identical"] == parity["sentences"] > 5 and parity["split"] == "test"
+    assert parity["bleu_export"] == parity["bleu_ours"] and "tok:13a" in parity["signature"]
+
+
+def test_an_export_that_fails_the_gate_is_kept_aside_and_the_good_one_stays(trained, tmp_path):
+    import json
+
+    from transformer.export.__main__ import export
+
+    tmp, _, checkpoint = trained
+    good, _ = export(export_config(checkpoint, tmp_path / "ct2"))
+    before = (good / "model.bin").read_bytes()
+    folder, failure = export(export_config(checkpoint, tmp_path / "ct2", quantization="int8", bleu_tolerance=-1.0))
+    assert failure.startswith("BLEU ") and folder == tmp_path / "ct2.failed"
+    assert not json.loads((folder / "model_card.json").read_text())["parity"]["passed"]
+    assert (good / "model.bin").read_bytes() == before
+
+
+@pytest.mark.slow  # subprocesses
+def test_export_mistakes_stop_in_one_line_and_leave_nothing_behind(trained, tmp_path):
+    from .helpers import run_command
+
+    _, _, checkpoint = trained
+    for args, message in (
+        ([f"ckpt_path={tmp_path / 'none.ckpt'}"], f"error: ckpt_path={tmp_path / 'none.ckpt'}: no such file"),
+        ([f"ckpt_path={checkpoint}", "quantization=int9"], "error: int9 is not a valid quantization type."),
+    ):
+        result = run_command(*args, f"output={tmp_path / 'ct2'}", module="transformer.export")
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-1].startswith(message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_readme_s_python_lines_translate_with_the_export_alone(trained, tmp_path, capsys):
+    import re
+
+    from .helpers import ROOT
+
+    tmp, _, checkpoint = trained
+    translator = Translator.from_path(str(checkpoint))
+    exported(translator, tmp_path / "ct2")
+    (tmp_path / "ct2" / "source.spm.model").write_bytes(translator.src_tokenizer.sp.serialized_model_proto())
+    (tmp_path / "ct2" / "target.spm.model").write_bytes(translator.tgt_tokenizer.sp.serialized_model_proto())
+    deploy = (ROOT / "README.md").read_text().split("## Deploy", 1)[1]
+    code = re.search(r"```python\n(.*?)```", deploy, re.S).group(1)
+    sentence = (tmp / "c" / "val.de").read_text().splitlines()[0]
+    assert "beam_size=5" in code  # greedy here: beam search is not yet the same in both engines
+    exec(code.replace("Ein Hund läuft über die Wiese.", sentence).replace("beam_size=5", "beam_size=1"),
+         {"DIR": str(tmp_path / "ct2")})  # fmt: skip
+    assert capsys.readouterr().out.strip() == translator.translate([sentence], SearchConfig(beam_size=1))[0]

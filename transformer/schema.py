@@ -85,6 +85,15 @@ class TranslateConfig(SearchConfig):
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
+@dataclass(frozen=True)
+class ExportConfig:
+    ckpt_path: str = MISSING
+    output: str | None = None  # the CTranslate2 folder; null: RUN/export/{quantization} beside the checkpoint
+    quantization: str = "float32"  # a CTranslate2 compute type: float32, int8, int8_float32, bfloat16, ...
+    parity_sentences: int = 1000  # the checkpoint's test split's first N, decoded by both engines
+    bleu_tolerance: float = 0.5  # a quantized export's BLEU may differ by this much from the checkpoint's
+
+
 @dataclass
 class PrepareConfig:
     data: DataSchema = field(default_factory=DataSchema)
@@ -121,7 +130,7 @@ def register_configs() -> None:
     """Called by every entry point before Hydra composes (and by tests that compose the real config)."""
     store = ConfigStore.instance()
     for name, schema in (("train", TrainConfig), ("evaluate", EvaluateConfig), ("translate", TranslateConfig),
-                         ("prepare", PrepareConfig)):  # fmt: skip
+                         ("prepare", PrepareConfig), ("export", ExportConfig)):  # fmt: skip
         store.store(name=f"{name}_schema", node=_writable(OmegaConf.structured(schema)))
     store.store(group="trainer", name="schema", node=OmegaConf.structured(trainer_arguments(pl.Trainer)))
     # hydra.run.dir: a resumed run continues in its checkpoint's run folder, and evaluation writes there too
