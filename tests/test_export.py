@@ -180,3 +180,22 @@ def test_the_readme_s_python_lines_translate_with_the_export_alone(trained, tmp_
     exec(code.replace("Ein Hund läuft über die Wiese.", sentence).replace("beam_size=5", "beam_size=1"),
          {"DIR": str(tmp_path / "ct2")})  # fmt: skip
     assert capsys.readouterr().out.strip() == translator.translate([sentence], SearchConfig(beam_size=1))[0]
+
+
+def test_translate_and_evaluate_take_an_exported_folder_as_a_checkpoint(trained, tmp_path):
+    from transformer.evaluate import data_config, evaluate
+    from transformer.export.__main__ import export
+    from transformer.inference import open_translator
+
+    tmp, _, checkpoint = trained
+    folder, _ = export(export_config(checkpoint, tmp_path / "ct2"))
+    ours, theirs = open_translator(str(checkpoint)), open_translator(str(folder))
+    texts = (tmp / "c" / "val.de").read_text().splitlines()[:10]
+    texts[3] = "   "  # an empty line gives an empty line
+    greedy_search = SearchConfig(beam_size=1)
+    assert (
+        theirs.translate(texts, greedy_search) == ours.translate(texts, greedy_search)
+        and theirs.translate(texts, greedy_search)[3] == ""
+    )
+    scores = [evaluate(t, data_config(t.data, {}), "val", greedy_search, "32") for t in (ours, theirs)]
+    assert scores[0]["hypotheses"] == scores[1]["hypotheses"] and scores[0]["bleu"] == scores[1]["bleu"]

@@ -12,7 +12,7 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from .cli import check_overrides, one_line_errors
 from .data import DataConfig, DataError, load_corpus
-from .inference import SearchConfig, Translator
+from .inference import SearchConfig, Translator, open_translator
 from .model import RuntimeConfig
 
 
@@ -66,7 +66,7 @@ def evaluate(translator: Translator, data: DataConfig, split: str, search: Searc
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)
-    translator = Translator.from_path(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]))
+    translator = open_translator(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]))
     data = data_config(translator.data, plain["data"])
     search = SearchConfig.pick(plain, max_tokens=cfg.max_tokens or data.max_tokens)
     result = evaluate(

@@ -125,3 +125,11 @@ class Translator:
             self.model, src, bos, eos, beam_size=search.beam_size, length_penalty=search.length_penalty,
             max_len_a=search.max_len_a, max_len_b=search.max_len_b, use_cache=search.use_cache,
         )  # fmt: skip
+
+
+def open_translator(path: str, device: str = "cpu", runtime: RuntimeConfig | None = None):
+    """A training checkpoint as a Translator, or a folder `python -m transformer.export` wrote as its CTranslate2
+    counterpart (the same translate() and tokenizers; `runtime` does not apply to it)."""
+    from .export.engine import ExportedTranslator, is_export
+
+    return ExportedTranslator(path, device) if is_export(path) else Translator.from_path(path, device, runtime)

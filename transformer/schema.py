@@ -65,7 +65,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class EvaluateConfig(SearchConfig):
-    ckpt_path: str = MISSING
+    ckpt_path: str = MISSING  # a training checkpoint, or a folder transformer.export wrote
     split: str | None = None  # null: the checkpoint's test split; a split of its main corpus, or corpus/split
     max_tokens: int | None = None  # padded tokens per batch (either side); null: the checkpoint's data.max_tokens
     precision: str | None = None  # 32 or bf16; null: as the checkpoint was trained
@@ -76,7 +76,7 @@ class EvaluateConfig(SearchConfig):
 
 @dataclass(frozen=True)
 class TranslateConfig(SearchConfig):
-    ckpt_path: str = MISSING
+    ckpt_path: str = MISSING  # a training checkpoint, or a folder transformer.export wrote
     input: str | None = None  # a text file; null: standard input
     max_lines: int = 256  # lines per batch at most
     tag: str | None = None  # a corpus tag the model was trained with, e.g. <news>: put before every input line

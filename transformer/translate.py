@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from .cli import check_overrides, one_line_errors
-from .inference import SearchConfig, Translator
+from .inference import SearchConfig, open_translator
 from .model import RuntimeConfig
 
 
@@ -31,7 +31,7 @@ def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)
-    translator = Translator.from_path(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]))
+    translator = open_translator(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]))
     search = SearchConfig.pick(plain)
     precision = str(cfg.precision or translator.trained_precision)  # Hydra reads 32 as a number
     if cfg.max_lines < 1:

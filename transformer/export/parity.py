@@ -1,11 +1,11 @@
 """The parity gate: an exported folder decodes as the checkpoint does, or the export is not deployed."""
 
 from dataclasses import dataclass
-from itertools import groupby
 
 from sacrebleu.metrics import BLEU
 
 from ..inference import SearchConfig, Translator
+from .engine import ctranslate2_search
 
 
 @dataclass
@@ -36,22 +36,14 @@ class Parity:
 
 def greedy_parity(translator: Translator, engine, sources: list[str], references: list[str],
                   tag: str | None = None) -> Parity:  # fmt: skip
-    """Both engines decode `sources` greedily with one max-length rule (int(a * (source tokens + EOS) + b), which
-    CTranslate2 takes as max_decoding_length per batch: sentences are batched by length)."""
+    """Both engines decode `sources` greedily with one max-length rule."""
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     ids = src.encode(sources)
     if tag is not None:
         ids = [[src.tag_id(tag)] + s for s in ids]
     search = SearchConfig(beam_size=1)
     ours = [h[0].tokens if h else [] for h in translator.search(ids, search)]
-    theirs: list[list[int]] = [[] for _ in ids]
-    limit = lambda i: int(search.max_len_a * (len(ids[i]) + 1) + search.max_len_b)  # noqa: E731
-    for max_length, group in groupby(sorted(range(len(ids)), key=limit), key=limit):
-        group = list(group)
-        found = engine.translate_batch([[src.sp.id_to_piece(t) for t in ids[i]] for i in group], beam_size=1,
-                                       max_decoding_length=max_length, max_batch_size=64)  # fmt: skip
-        for i, result in zip(group, found):
-            theirs[i] = [tgt.sp.piece_to_id(p) for p in result.hypotheses[0]]
+    theirs = ctranslate2_search(engine, src, tgt, ids, search)
     bleu = BLEU()
     scores = [bleu.corpus_score(tgt.decode(h), [references]).score for h in (ours, theirs)]
     different = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
