@@ -199,3 +199,33 @@ def test_translate_and_evaluate_take_an_exported_folder_as_a_checkpoint(trained,
     )
     scores = [evaluate(t, data_config(t.data, {}), "val", greedy_search, "32") for t in (ours, theirs)]
     assert scores[0]["hypotheses"] == scores[1]["hypotheses"] and scores[0]["bleu"] == scores[1]["bleu"]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_the_export_stops_each_sentence_at_the_same_max_length(beam_size, tmp_path):
+    """A random model rarely ends a sentence: its hypotheses run to the max-length rule, which differs by source
+    length; both engines must cut each at the same place."""
+    from transformer.decoding import beam_search, greedy_search
+    from transformer.export.engine import ctranslate2_search
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=41, tgt_vocab_size=41, pad_id=0, d_model=32, n_heads=4, d_ff=64,
+                      n_encoder_layers=2, n_decoder_layers=2)  # fmt: skip
+    model = build_model(cfg).eval()
+    vocab = pieces(41)
+    engine = ctranslate2.Translator(str(write_model(ctranslate2_spec(cfg, model.state_dict(), vocab, vocab, SPECIAL),
+                                                    tmp_path / "ct2")))  # fmt: skip
+    sources = [[5 + i % 30] * n for i, n in enumerate((1, 4, 9, 2, 6))]
+    ours = []
+    with torch.no_grad():
+        for s in sources:
+            src = torch.tensor([s + [3]])
+            ours.append(
+                greedy_search(model, src, 2, 3)[0]
+                if beam_size == 1
+                else beam_search(model, src, 2, 3, beam_size)[0][0].tokens
+            )
+    theirs = ctranslate2_search(engine, vocab, vocab, sources, SearchConfig(beam_size=beam_size))
+    assert [len(h) for h in theirs] == [len(h) for h in ours]
+    if beam_size == 1:
+        assert theirs == ours

@@ -15,6 +15,7 @@ from ..cli import check_overrides, one_line_errors
 from ..data import load_corpus
 from ..evaluate import data_config
 from ..inference import Translator
+from .engine import pieces
 from .folder import convert, put_in_place, staging
 from .parity import greedy_parity
 from .spec import ctranslate2_spec
@@ -32,7 +33,7 @@ def export(cfg: DictConfig) -> tuple[Path, str | None]:
     """The export folder and why it failed the gate (None: it passed and is in place at `output`)."""
     translator = Translator.from_path(cfg.ckpt_path)
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
-    vocab = [[t.sp.id_to_piece(i) for i in range(t.vocab_size)] for t in (src, tgt)]
+    vocab = [pieces(src), pieces(tgt)]
     special = {name: tgt.sp.id_to_piece(getattr(tgt, f"{name}_id")) for name in ("unk", "bos", "eos")}
     spec = ctranslate2_spec(translator.model_config, translator.model.state_dict(), *vocab, special)
     output = Path(cfg.output or Path(cfg.ckpt_path).parent.parent / "export" / cfg.quantization)

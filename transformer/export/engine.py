@@ -12,20 +12,32 @@ def is_export(path: str | Path) -> bool:
     return (Path(path) / "model.bin").is_file() and (Path(path) / "model_card.json").is_file()
 
 
-def ctranslate2_search(engine, src: SentencePiece, tgt: SentencePiece, sources: list[list[int]], search) -> list:
+def pieces(tokenizer: SentencePiece) -> list[str]:
+    """The piece of each id: what CTranslate2 reads and writes."""
+    return [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+
+
+def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search) -> list:
     """The best hypothesis's token ids per source (ids without EOS), each decoded with SearchConfig `search` and
-    its max-length rule, int(a * (source tokens + EOS) + b): CTranslate2 takes one max_decoding_length a batch, so
-    sources are batched by length."""
+    its max-length rule, int(a * (source tokens + EOS) + b). CTranslate2 takes one max_decoding_length a call:
+    greedy decodes all at once to the longest limit and cuts each hypothesis at its own (a greedy prefix does not
+    depend on the limit); beam search, whose finished hypotheses do, is called once per limit."""
+    limits = [int(search.max_len_a * (len(s) + 1) + search.max_len_b) for s in sources]
     found: list[list[int]] = [[] for _ in sources]
-    limit = lambda i: int(search.max_len_a * (len(sources[i]) + 1) + search.max_len_b)  # noqa: E731
-    for max_length, group in groupby(sorted(range(len(sources)), key=limit), key=limit):
-        group = list(group)
+    tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
+    if search.beam_size == 1:
+        calls = [(max(limits, default=0), list(range(len(sources))))]
+    else:
+        order = sorted(range(len(sources)), key=limits.__getitem__)
+        calls = [(limit, list(group)) for limit, group in groupby(order, key=limits.__getitem__)]
+    for max_length, group in calls:
         results = engine.translate_batch(
-            [[src.sp.id_to_piece(t) for t in sources[i]] for i in group], beam_size=search.beam_size,
-            length_penalty=search.length_penalty, max_decoding_length=max_length, max_batch_size=64,
+            [[src_pieces[t] for t in sources[i]] for i in group], beam_size=search.beam_size,
+            length_penalty=search.length_penalty, max_decoding_length=max_length, max_batch_size=8192,
+            batch_type="tokens",
         )  # fmt: skip
         for i, result in zip(group, results):
-            found[i] = [tgt.sp.piece_to_id(p) for p in result.hypotheses[0]]
+            found[i] = [tgt_ids[p] for p in result.hypotheses[0][: limits[i]]]
     return found
 
 
@@ -40,6 +52,7 @@ class ExportedTranslator:
         self.engine = ctranslate2.Translator(str(folder), device=device, intra_threads=threads)
         self.src_tokenizer = SentencePiece(folder / "source.spm.model")
         self.tgt_tokenizer = SentencePiece(folder / "target.spm.model")
+        self.pieces = pieces(self.src_tokenizer), pieces(self.tgt_tokenizer)
         self.data, self.quantization = card["data"], card["quantization"]
         self.trained_precision = "32"  # the folder's own compute type decides; precision= does not apply
 
@@ -49,6 +62,5 @@ class ExportedTranslator:
         ids = self.src_tokenizer.encode(texts)
         if tag is not None:
             ids = [[self.src_tokenizer.tag_id(tag)] + s for s in ids]
-        outputs = self.tgt_tokenizer.decode(ctranslate2_search(self.engine, self.src_tokenizer, self.tgt_tokenizer,
-                                                               ids, search))  # fmt: skip
+        outputs = self.tgt_tokenizer.decode(ctranslate2_search(self.engine, *self.pieces, ids, search))
         return ["" if not text.strip() else out for text, out in zip(texts, outputs)]

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from sacrebleu.metrics import BLEU
 
 from ..inference import SearchConfig, Translator
-from .engine import ctranslate2_search
+from .engine import ctranslate2_search, pieces
 
 
 @dataclass
@@ -43,7 +43,7 @@ def greedy_parity(translator: Translator, engine, sources: list[str], references
         ids = [[src.tag_id(tag)] + s for s in ids]
     search = SearchConfig(beam_size=1)
     ours = [h[0].tokens if h else [] for h in translator.search(ids, search)]
-    theirs = ctranslate2_search(engine, src, tgt, ids, search)
+    theirs = ctranslate2_search(engine, pieces(src), pieces(tgt), ids, search)
     bleu = BLEU()
     scores = [bleu.corpus_score(tgt.decode(h), [references]).score for h in (ours, theirs)]
     different = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
