@@ -30,15 +30,21 @@ from transformer.data import DataConfig, load_corpus
 from transformer.inference import SearchConfig, Translator
 
 
-def time_search(translator: Translator, sources: list[list[int]], search: SearchConfig, precision: str, reps: int):
-    """(median seconds over reps, generated target tokens incl. EOS), after one warm-up batch."""
-    translator.search(sources[:16], search, precision)
+def timed(run, todo, warm_up, reps: int):
+    """(median seconds of run(todo) over reps, its last result), after run(warm_up)."""
+    run(warm_up)
     seconds = []
     for _ in range(reps):
         start = time.perf_counter()
-        found = translator.search(sources, search, precision)
+        found = run(todo)
         seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), sum(len(h[0].tokens) + 1 for h in found)
+    return statistics.median(seconds), found
+
+
+def time_search(translator: Translator, sources: list[list[int]], search: SearchConfig, precision: str, reps: int):
+    """(median seconds over reps, generated target tokens incl. EOS), after one warm-up batch."""
+    seconds, found = timed(lambda todo: translator.search(todo, search, precision), sources, sources[:16], reps)
+    return seconds, sum(len(h[0].tokens) + 1 for h in found)
 
 
 def time_marian(translator: Translator, sources: list[list[int]], found, beam: int, precision: str, reps: int):
@@ -60,13 +66,7 @@ def time_marian(translator: Translator, sources: list[list[int]], found, beam: i
                 peer.generate(input_ids=src, attention_mask=src.ne(cfg.pad_id), num_beams=beam, do_sample=False,
                               min_new_tokens=steps, max_new_tokens=steps, use_cache=True)  # fmt: skip
 
-    run(inputs[:1])  # warm-up
-    seconds = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        run(inputs)
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+    return timed(run, inputs, inputs[:1], reps)[0]
 
 
 def time_exported(folder: str, sources: list[list[int]], search: SearchConfig, reps: int):
@@ -76,13 +76,8 @@ def time_exported(folder: str, sources: list[list[int]], search: SearchConfig, r
 
     exported = ExportedTranslator(folder, threads=torch.get_num_threads())
     run = lambda todo: ctranslate2_search(exported.engine, *exported.pieces, todo, search)  # noqa: E731
-    run(sources[:16])
-    seconds = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        found = run(sources)
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), sum(len(h) + 1 for h in found), found
+    seconds, found = timed(run, sources, sources[:16], reps)
+    return seconds, sum(len(h) + 1 for h in found), found
 
 
 def bleu(tokenizer, hypotheses: list[list[int]], references: list[str]) -> str:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformer.export import UnsupportedModel, ctranslate2_spec, supported, write_model
+from transformer.export import UnsupportedModel, checkpoint_spec, ctranslate2_spec, supported, write_model
 from transformer.inference import SearchConfig, Translator
 from transformer.model import ModelConfig, build_model
 
@@ -17,10 +17,7 @@ def pieces(n: int) -> list[str]:
 
 
 def exported(translator: Translator, folder, quantization=None) -> "ctranslate2.Translator":
-    src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
-    vocab = [[t.sp.id_to_piece(i) for i in range(t.vocab_size)] for t in (src, tgt)]
-    special = {name: tgt.sp.id_to_piece(getattr(tgt, f"{name}_id")) for name in SPECIAL}
-    spec = ctranslate2_spec(translator.model_config, translator.model.state_dict(), *vocab, special)
+    spec = checkpoint_spec(translator)
     return ctranslate2.Translator(str(write_model(spec, folder, quantization)), device="cpu", intra_threads=2)
 
 

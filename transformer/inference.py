@@ -72,10 +72,7 @@ class Translator:
                   tag: str | None = None) -> list[str]:  # fmt: skip
         """One translation per text, in order; empty texts give empty translations. `target_lengths`: see search.
         `tag`: a corpus tag the model was trained with (e.g. <news>), put before every source as in training."""
-        ids = self.src_tokenizer.encode(texts)
-        if tag is not None:
-            first = [self.src_tokenizer.tag_id(tag)]
-            ids = [first + s for s in ids]
+        ids = self.src_tokenizer.encode(texts, tag)
         longest = self.max_source_tokens
         for length in [len(s) for s in ids if len(s) > longest]:
             message = f"an input of {length} tokens was translated up to its first {longest} (model.max_positions)"

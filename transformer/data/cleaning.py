@@ -39,13 +39,14 @@ def _per_row(ds: datasets.Dataset, values: np.ndarray) -> np.ndarray:
     return values if ds._indices is None else values[ds._indices.column(0).to_numpy()]
 
 
-def _rows_where(ds: datasets.Dataset, test, columns=("src", "tgt")) -> np.ndarray:
-    """Per row of ds: test(column) holds for any of the columns (bool)."""
-    hits = [np.zeros(0, bool)]
-    for batch in record_batches(ds, columns):
-        either = pc.or_(*(test(batch.column(c)) for c in columns)) if len(columns) > 1 else test(batch.column(0))
-        hits.append(either.to_numpy(zero_copy_only=False).astype(bool))
-    return np.concatenate(hits)
+def _rows_where(ds: datasets.Dataset, *tests) -> list[np.ndarray]:
+    """Per test, per row of ds: test(text) holds for src or tgt (bool). The texts are read once for all tests."""
+    hits = [[np.zeros(0, bool)] for _ in tests]
+    for batch in record_batches(ds, ("src", "tgt")):
+        for test, found in zip(tests, hits):
+            either = pc.or_(test(batch.column("src")), test(batch.column("tgt")))
+            found.append(either.to_numpy(zero_copy_only=False).astype(bool))
+    return [np.concatenate(found) for found in hits]
 
 
 def _lengths(ds: datasets.Dataset, column: str) -> np.ndarray:
@@ -62,17 +63,16 @@ def empty(ds: datasets.Dataset) -> np.ndarray:
         spaced = pc.replace_substring_regex(c, CONTROL.pattern, " ")
         return pc.or_(pc.equal(pc.binary_length(spaced), 0), pc.utf8_is_space(spaced))
 
-    return _rows_where(ds, blank)
+    return _rows_where(ds, blank)[0]
 
 
 def repairs(ds: datasets.Dataset) -> dict[str, int]:
     """Pairs with undecodable bytes (read as U+FFFD): `"\\ufffd" in src or "\\ufffd" in tgt`, and pairs with
     control characters: `CONTROL.search(src) or CONTROL.search(tgt)`. They are kept, repaired."""
-    return {
-        "invalid_utf8": int(_rows_where(ds, lambda c: pc.match_substring(c, "\ufffd")).sum()),
-        "control_chars": int(_rows_where(ds, lambda c: pc.match_substring_regex(c, CONTROL.pattern)).sum()),
-        "truncated": 0,
-    }
+    invalid, control = _rows_where(
+        ds, lambda c: pc.match_substring(c, "\ufffd"), lambda c: pc.match_substring_regex(c, CONTROL.pattern)
+    )
+    return {"invalid_utf8": int(invalid.sum()), "control_chars": int(control.sum()), "truncated": 0}
 
 
 def clean(

@@ -230,14 +230,19 @@ def _hub_corpus(corpus: Corpus, src: str, tgt: str, cache_dir: str) -> dict[str,
     return {split: _pairs(ds, corpus, src, tgt, f"{corpus.path}[{split}]") for split, ds in loaded.items()}
 
 
-def _hash_file(digest, path: Path) -> None:
-    """The file's name and the sha256 of its bytes, read HASH_BYTES at a time."""
+def file_sha256(path: Path) -> "hashlib._Hash":
+    """The sha256 of a file's bytes, read HASH_BYTES at a time."""
     content = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(HASH_BYTES):
             content.update(chunk)
+    return content
+
+
+def _hash_file(digest, path: Path) -> None:
+    """The file's name and the sha256 of its bytes."""
     digest.update(path.name.encode())
-    digest.update(content.digest())
+    digest.update(file_sha256(path).digest())
 
 
 def load_corpus(

@@ -45,8 +45,13 @@ class SentencePiece:
             )
         return self.sp.piece_to_id(tag)
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        return self.sp.encode(texts)
+    def encode(self, texts: list[str], tag: str | None = None) -> list[list[int]]:
+        """Token ids per text, without special tokens; a corpus tag's id first when given (as in training)."""
+        ids = self.sp.encode(texts)
+        if tag is None:
+            return ids
+        first = [self.tag_id(tag)]
+        return [first + s for s in ids]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.sp.decode(x) for x in ids]  # one by one: sentencepiece reads a batch of empty lists as one

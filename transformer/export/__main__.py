@@ -1,7 +1,6 @@
 """python -m transformer.export ckpt_path=PATH [output=DIR] [quantization=int8]: a checkpoint as a CTranslate2
 model folder (model, both sentencepiece models, model_card.json), deployed only if it passes the parity gate."""
 
-import hashlib
 import json
 import shutil
 import sys
@@ -13,43 +12,31 @@ from omegaconf import DictConfig
 
 from ..cli import check_overrides, one_line_errors
 from ..data import load_corpus
+from ..data.sources import file_sha256
 from ..evaluate import data_config
 from ..inference import Translator
-from .engine import pieces
 from .folder import convert, put_in_place, staging
 from .parity import greedy_parity
-from .spec import ctranslate2_spec
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+from .spec import checkpoint_spec
 
 
 def export(cfg: DictConfig) -> tuple[Path, str | None]:
     """The export folder and why it failed the gate (None: it passed and is in place at `output`)."""
     translator = Translator.from_path(cfg.ckpt_path)
-    src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
-    vocab = [pieces(src), pieces(tgt)]
-    special = {name: tgt.sp.id_to_piece(getattr(tgt, f"{name}_id")) for name in ("unk", "bos", "eos")}
-    spec = ctranslate2_spec(translator.model_config, translator.model.state_dict(), *vocab, special)
     output = Path(cfg.output or Path(cfg.ckpt_path).parent.parent / "export" / cfg.quantization)
     tmp = staging(output)
     try:
-        return _build_and_check(cfg, translator, spec, tmp, output)
+        return _build_and_check(cfg, translator, tmp, output)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed export leaves nothing half-written
 
 
-def _build_and_check(cfg: DictConfig, translator: Translator, spec, tmp: Path, output: Path):
+def _build_and_check(cfg: DictConfig, translator: Translator, tmp: Path, output: Path):
     import ctranslate2
 
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     checkpoint = Path(cfg.ckpt_path)
-    built = convert(spec, tmp, cfg.quantization)
+    built = convert(checkpoint_spec(translator), tmp, cfg.quantization)
     (built / "source.spm.model").write_bytes(src.sp.serialized_model_proto())
     (built / "target.spm.model").write_bytes(tgt.sp.serialized_model_proto())
 
@@ -62,7 +49,7 @@ def _build_and_check(cfg: DictConfig, translator: Translator, spec, tmp: Path, o
     del engine
     failure = parity.failure(cfg.quantization, cfg.bleu_tolerance)
     card = {
-        "checkpoint": str(checkpoint), "checkpoint_sha256": _sha256(checkpoint), "quantization": cfg.quantization,
+        "checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint).hexdigest(), "quantization": cfg.quantization,
         "model": asdict(translator.model_config), "data": translator.data,
         "parity": {"split": data.test_split, **asdict(parity), "passed": failure is None, "failure": failure},
     }  # fmt: skip

@@ -6,15 +6,11 @@ from itertools import groupby
 from pathlib import Path
 
 from ..data.tokenizer import SentencePiece
+from .spec import pieces
 
 
 def is_export(path: str | Path) -> bool:
     return (Path(path) / "model.bin").is_file() and (Path(path) / "model_card.json").is_file()
-
-
-def pieces(tokenizer: SentencePiece) -> list[str]:
-    """The piece of each id: what CTranslate2 reads and writes."""
-    return [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
 
 
 def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search) -> list:
@@ -59,8 +55,6 @@ class ExportedTranslator:
     def translate(self, texts: list[str], search, precision: str = "32", target_lengths=None,
                   tag: str | None = None) -> list[str]:  # fmt: skip
         """As Translator.translate: one translation per text, empty texts give empty translations."""
-        ids = self.src_tokenizer.encode(texts)
-        if tag is not None:
-            ids = [[self.src_tokenizer.tag_id(tag)] + s for s in ids]
+        ids = self.src_tokenizer.encode(texts, tag)
         outputs = self.tgt_tokenizer.decode(ctranslate2_search(self.engine, *self.pieces, ids, search))
         return ["" if not text.strip() else out for text, out in zip(texts, outputs)]

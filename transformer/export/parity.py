@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from sacrebleu.metrics import BLEU
 
 from ..inference import SearchConfig, Translator
-from .engine import ctranslate2_search, pieces
+from .engine import ctranslate2_search
+from .spec import pieces
 
 
 @dataclass
@@ -24,12 +25,11 @@ class Parity:
     def failure(self, quantization: str, bleu_tolerance: float) -> str | None:
         """Why this export fails the gate, or None. float32 is the same model: at least 99% of greedy hypotheses
         identical and BLEU within 0.1; a quantized one: BLEU within bleu_tolerance."""
-        gap = abs(self.bleu_export - self.bleu_ours)
         exact = quantization == "float32"
+        limit = 0.1 if exact else bleu_tolerance
         if exact and self.identical_fraction < 0.99:
             return f"{self.identical} of {self.sentences} greedy hypotheses identical, under 99%"
-        if gap > (0.1 if exact else bleu_tolerance):
-            limit = 0.1 if exact else bleu_tolerance
+        if abs(self.bleu_export - self.bleu_ours) > limit:
             return f"BLEU {self.bleu_export:.2f} against the checkpoint's {self.bleu_ours:.2f}, over {limit}"
         return None
 
@@ -38,9 +38,7 @@ def greedy_parity(translator: Translator, engine, sources: list[str], references
                   tag: str | None = None) -> Parity:  # fmt: skip
     """Both engines decode `sources` greedily with one max-length rule."""
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
-    ids = src.encode(sources)
-    if tag is not None:
-        ids = [[src.tag_id(tag)] + s for s in ids]
+    ids = src.encode(sources, tag)
     search = SearchConfig(beam_size=1)
     ours = [h[0].tokens if h else [] for h in translator.search(ids, search)]
     theirs = ctranslate2_search(engine, pieces(src), pieces(tgt), ids, search)

@@ -26,6 +26,18 @@ def supported(cfg: ModelConfig) -> None:
         )
 
 
+def pieces(tokenizer) -> list[str]:
+    """The piece of each id of a SentencePiece: what CTranslate2 reads and writes."""
+    return [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+
+
+def checkpoint_spec(translator):
+    """The TransformerSpec of a loaded checkpoint (a Translator): its model, vocabularies and special pieces."""
+    src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
+    special = {name: tgt.sp.id_to_piece(getattr(tgt, f"{name}_id")) for name in ("unk", "bos", "eos")}
+    return ctranslate2_spec(translator.model_config, translator.model.state_dict(), pieces(src), pieces(tgt), special)
+
+
 def ctranslate2_spec(cfg: ModelConfig, weights: dict[str, Tensor], src_pieces: list[str], tgt_pieces: list[str],
                      special: dict[str, str]):  # fmt: skip
     """The TransformerSpec of a model (`weights`: EncoderDecoder.state_dict()), with its vocabularies (one piece
