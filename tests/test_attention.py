@@ -227,8 +227,29 @@ def test_cache_of_another_batch_size_is_a_value_error():
     mem = torch.randn(2, 5, D)
     cache = KVCache(static=True)
     attn(torch.randn(2, 1, D), mem, mem, cache=cache)
-    with pytest.raises(ValueError, match="cache holds batch 2, query has batch 3"):
+    with pytest.raises(ValueError, match="cache holds batch 2, keys have batch 3"):
         attn(torch.randn(3, 1, D), torch.randn(3, 5, D), torch.randn(3, 5, D), cache=cache)
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_query_rows_sharing_a_key_row_attend_as_if_each_had_its_own_copy(use_cache):
+    """Beam search's cross-attention: 3 beams per sentence read one encoder row, as 3 repeated rows would."""
+    attn, ref = pair()
+    g, mem = 3, torch.randn(2, 5, D)
+    padding = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    queries = torch.randn(2 * g, 2, D)
+    repeated = mem.repeat_interleave(g, dim=0)  # (6, 5, D)
+    expected, expected_weights = ref(queries, repeated, repeated, key_padding_mask=padding.repeat_interleave(g, 0),
+                                     need_weights=True, average_attn_weights=False)  # fmt: skip
+    cache = KVCache(static=True) if use_cache else None
+    for _ in range(2 if use_cache else 1):  # with a cache: filled on the first call, read on the second
+        got, weights = attn(queries, mem, mem, key_padding_mask=padding, cache=cache, need_weights=True,
+                            average_attn_weights=False)  # fmt: skip
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(weights, expected_weights, rtol=1e-5, atol=1e-6)
+    assert not use_cache or cache.k.size(0) == 2  # one row per sentence, not per beam
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        attn(torch.randn(5, 2, D), mem, mem)
 
 
 def test_cache_accepts_several_new_tokens_at_once():
@@ -241,15 +262,24 @@ def test_cache_accepts_several_new_tokens_at_once():
     torch.testing.assert_close(torch.cat([first, rest], dim=1), full, rtol=1e-5, atol=1e-6)
 
 
-def test_cache_reorder_follows_beams():
+@pytest.mark.parametrize("grad", [True, False])
+def test_cache_reorder_follows_beams(grad):
+    """One token a step for 40 steps, rows reordered, dropped and repeated on the way: each step's output is the
+    full causal pass's over what that row was fed."""
     attn, _ = pair()
-    x = torch.randn(3, 4, D)
-    cache = KVCache()
-    attn(x[:, :3], is_causal=True, cache=cache)
-    index = torch.tensor([2, 2, 0])
-    cache.reorder(index)
-    step = attn(x[index, 3:], is_causal=True, cache=cache)[0]
-    torch.testing.assert_close(step, attn(x[index], is_causal=True)[0][:, 3:], rtol=1e-5, atol=1e-6)
+    x = torch.randn(3, 40, D)
+    cache, fed, rows = KVCache(), x[:, :0], torch.arange(3)  # fed (rows, t, D); rows: the row of x each follows
+    index_at = {5: [2, 2, 0], 17: [1, 0], 30: [0, 1, 1, 0]}
+    with torch.set_grad_enabled(grad):
+        for t in range(40):
+            if t in index_at:
+                index = torch.tensor(index_at[t])
+                cache.reorder(index)
+                fed, rows = fed[index], rows[index]
+            fed = torch.cat([fed, x[rows, t : t + 1]], dim=1)
+            step = attn(x[rows, t : t + 1], is_causal=True, cache=cache)[0]  # (rows, 1, D)
+            torch.testing.assert_close(step, attn(fed, is_causal=True)[0][:, -1:], rtol=1e-5, atol=1e-5)
+    assert len(cache) == 40
 
 
 # --- kernels, gradients, windows ------------------------------------------------------------------

@@ -162,7 +162,7 @@ def unpadded(src, lengths):
     return [src[i, :n] for i, n in enumerate(lengths)]
 
 
-def reference_beam(model, src, beam_size, length_penalty, max_len):
+def reference_beam(model, src, beam_size, length_penalty, max_len, early_stopping=False):
     """One sentence (S,) without padding, in plain Python with the full prefix: beam_search's rules
     spelled out. Returns the K best finished (tokens, score), best first."""
     K, live, finished = beam_size, [([], 0.0)], []
@@ -177,7 +177,7 @@ def reference_beam(model, src, beam_size, length_penalty, max_len):
                 finished.append((tokens if v == EOS else tokens + [v], score / (t + 1) ** length_penalty))
         finished = sorted(finished, key=lambda h: -h[1])[:K]
         live = [(tokens + [v], score) for score, tokens, v in candidates if v != EOS][:K]
-        if len(finished) == K and live[0][1] / (t + 1) ** length_penalty <= finished[-1][1]:
+        if len(finished) == K and (early_stopping or live[0][1] / (t + 1) ** length_penalty <= finished[-1][1]):
             break
     return finished
 
@@ -221,12 +221,14 @@ def test_beam_result_does_not_depend_on_the_rest_of_the_batch():
         assert [h.score for h in b] == pytest.approx([h.score for h in f], abs=1e-5)
 
 
+@pytest.mark.parametrize("early_stopping", [False, True])
 @pytest.mark.parametrize("beam_size, length_penalty", [(2, 0.0), (4, 1.0), (5, 0.6)])
-def test_beam_equals_a_per_sentence_reference(beam_size, length_penalty):
+def test_beam_equals_a_per_sentence_reference(beam_size, length_penalty, early_stopping):
     model, src = random_model(eos_scale=0.5), sources(LENGTHS, seed=3)
-    got = beam_search(model, src, BOS, EOS, beam_size=beam_size, nbest=beam_size, length_penalty=length_penalty)
+    got = beam_search(model, src, BOS, EOS, beam_size=beam_size, nbest=beam_size, length_penalty=length_penalty,
+                      early_stopping=early_stopping)  # fmt: skip
     for s, hyps in zip(unpadded(src, LENGTHS), got):
-        expected = reference_beam(model, s, beam_size, length_penalty, int(1.2 * len(s) + 10))
+        expected = reference_beam(model, s, beam_size, length_penalty, int(1.2 * len(s) + 10), early_stopping)
         assert [h.tokens for h in hyps] == [tokens for tokens, _ in expected]
         assert [h.score for h in hyps] == pytest.approx([score for _, score in expected], abs=1e-4)
 
@@ -247,6 +249,23 @@ def test_beam_scores_at_least_as_well_as_greedy_on_random_models(eos_scale):
         assert hyps[0].score >= greedy_logprob - 1e-4
         strictly_better += hyps[0].score > greedy_logprob + 1e-4
     assert strictly_better > 0  # the search does something greedy does not
+
+
+@pytest.mark.parametrize("vocab", [8000, 8001, 8009, 40, 24])  # chunks of 64, 63, none (prime), 20, too few
+def test_candidates_are_the_top_of_all_beams_times_vocabulary(vocab):
+    from transformer.decoding.beam import candidates
+
+    g = torch.Generator().manual_seed(vocab)
+    n, K, C = 7, 5, 10
+    logits = torch.randn(n, K, vocab, generator=g) * 4
+    scores = torch.randn(n, K, generator=g) * 3
+    scores[0, 1:] = float("-inf")  # a first step: one live beam
+    scores[1] = torch.tensor([0.0, -50.0, -60.0, -70.0, -80.0])  # one beam far ahead
+    expected = (scores[:, :, None] + logits.log_softmax(-1)).view(n, -1).topk(C, dim=1)
+    top_scores, source, token = candidates(scores, logits.clone(), C)
+    torch.testing.assert_close(top_scores, expected.values)
+    assert torch.equal((source % K) * vocab + token, expected.indices)
+    assert torch.equal(source // K, torch.arange(n)[:, None].expand(n, C))
 
 
 def forced_model(table):
@@ -276,6 +295,25 @@ def test_beam_beats_greedy_where_greedy_is_led_astray(use_cache):
         assert [[h.tokens for h in hyps] for hyps in beam] == [[[11], [10, 12]]] * 2
         assert beam[0][0].score == pytest.approx(math.log(0.45) / 2**lp, abs=1e-4)
         assert beam[0][1].score == pytest.approx(math.log(0.55 * 0.11 / 1.01) / 3**lp, abs=1e-4)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_early_stopping_ends_a_sentence_at_beam_size_finished(use_cache):
+    """BOS -> 10 (.4), EOS (.35), 11 (.25); 10 -> EOS (.55), 12 (.45); 11 -> 13; 12, 13 -> EOS. With a beam of 2,
+    [] ends on step 1 and [10] on step 2: early_stopping stops there, while the live [11, 13] (.25) still beats
+    [] at its length, and finishes best of all at length 3: log(.25) / 3."""
+    table = torch.full((V, V), 1e-9)
+    table[BOS, 10], table[BOS, EOS], table[BOS, 11] = 0.4, 0.35, 0.25
+    table[10, EOS], table[10, 12] = 0.55, 0.45
+    table[11, 13] = table[12, EOS] = table[13, EOS] = 1.0
+    model, src = forced_model(table.log()), sources([4, 2])
+    kwargs = dict(beam_size=2, nbest=2, length_penalty=1.0, use_cache=use_cache)
+    patient = beam_search(model, src, BOS, EOS, **kwargs)
+    early = beam_search(model, src, BOS, EOS, early_stopping=True, **kwargs)
+    assert [[h.tokens for h in hyps] for hyps in patient] == [[[11, 13], [10, 12]]] * 2
+    assert [[h.tokens for h in hyps] for hyps in early] == [[[10], []]] * 2
+    assert patient[0][0].score == pytest.approx(math.log(0.25) / 3, abs=1e-4)
+    assert early[0][0].score == pytest.approx(math.log(0.4 * 0.55) / 2, abs=1e-4)
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0, 0.6])

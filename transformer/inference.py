@@ -22,7 +22,8 @@ class SearchConfig:
     length_penalty: float = 1.0  # scores are log-probabilities / length**length_penalty
     max_len_a: float = MAX_LEN_A  # hypotheses stop at a * source length + b tokens
     max_len_b: int = MAX_LEN_B
-    max_tokens: int = 8192  # source tokens per batch (times beam_size inside the search)
+    early_stopping: bool = False  # True: a sentence is done at beam_size finished hypotheses (as CTranslate2)
+    max_tokens: int = 8192  # tokens per batch the decoder holds: source tokens x beam_size (its rows per sentence)
     use_cache: bool = True  # False: each step re-reads the whole prefix (for checks and benchmarks)
 
     def __post_init__(self):
@@ -82,25 +83,28 @@ class Translator:
         return ["" if not text.strip() else out for text, out in zip(texts, outputs)]
 
     def search(self, sources: list[list[int]], search: SearchConfig, precision: str = "32", target_lengths=None):
-        """Best hypotheses per source (ids without EOS), in input order. Batches are length-sorted and hold up
-        to search.max_tokens padded tokens, packed by the data module's TokenBatchSampler: by the sources, or,
-        given each reference's length as batched (BOS + target, see example_lengths), by both sides as validation packs pairs (bf16 rounding
-        depends on batch shapes, so a validation split then decodes exactly as in training)."""
+        """Best hypotheses per source (ids without EOS), in input order, decoded in the batches `batches` makes."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
         results: list = [None] * len(sources)
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
         )
-        for batch, src in self.batches(sources, search.max_tokens, target_lengths):
+        for batch, src in self.batches(sources, search, target_lengths):
             with autocast:
                 found = self._search(src, search)
             for i, hypotheses in zip(batch, found):
                 results[i] = hypotheses
         return results
 
-    def batches(self, sources: list[list[int]], max_tokens: int, target_lengths=None):
-        """(indices into sources, src (B, S) on the device: ids + EOS, right-padded) for each batch search decodes."""
+    def batches(self, sources: list[list[int]], search: SearchConfig, target_lengths=None):
+        """(indices into sources, src (B, S) on the device: ids + EOS, right-padded) for each batch search decodes.
+        Batches are length-sorted and hold up to search.max_tokens // beam_size padded tokens (beam search decodes
+        beam_size rows per sentence, and larger batches run slower on CPU: the output layer's logits outgrow the
+        caches), packed by the data module's TokenBatchSampler: by the sources, or, given each reference's length
+        as batched (BOS + target, see example_lengths), by both sides as validation packs pairs (bf16 rounding
+        depends on batch shapes, so a validation split then decodes exactly as in training)."""
+        max_tokens = max(search.max_tokens // search.beam_size, 1)
         eos, pad = self.src_tokenizer.eos_id, self.model_config.pad_id
         source_lengths = [len(s) + 1 for s in sources]  # with EOS
         lengths = np.stack([source_lengths, source_lengths if target_lengths is None else target_lengths], axis=1)
@@ -121,6 +125,7 @@ class Translator:
         return beam_search(
             self.model, src, bos, eos, beam_size=search.beam_size, length_penalty=search.length_penalty,
             max_len_a=search.max_len_a, max_len_b=search.max_len_b, use_cache=search.use_cache,
+            early_stopping=search.early_stopping,
         )  # fmt: skip
 
 

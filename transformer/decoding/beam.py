@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model import DecoderCache, EncoderDecoder, SequenceLayout
+from ..model import DecoderCache, EncoderDecoder
 from .source import MAX_LEN_A, MAX_LEN_B, max_target_lengths, select_encoded
 
 
@@ -28,6 +28,7 @@ def beam_search(
     max_len_b: int = MAX_LEN_B,
     nbest: int = 1,
     use_cache: bool = True,
+    early_stopping: bool = False,
 ) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses per sentence of a batch of right-padded sources (B, S), best first.
 
@@ -53,10 +54,11 @@ def beam_search(
     and its best live one, scored at its current length, does not beat the worst of them (Hugging
     Face's early_stopping=False rule). For length_penalty <= 0 this is exact: no live hypothesis
     could still finish better, as log-probabilities only lower the sum. For length_penalty > 0 it
-    is a heuristic (a longer hypothesis divides by a larger length). fairseq's rule, stop at K
-    finished, is not used: junk beams that end early would stop the search before a good live
-    beam ends. Done sentences leave the batch; the search ends when none is left. A sentence
-    whose maximum length is 0 gets one empty hypothesis with score 0.
+    is a heuristic (a longer hypothesis divides by a larger length). With early_stopping, a sentence
+    is done as soon as it has K finished hypotheses (fairseq's and CTranslate2's rule, Hugging Face's
+    early_stopping=True): fewer steps, and what an exported model decodes. Done sentences leave the
+    batch; the search ends when none is left. A sentence whose maximum length is 0 gets one empty
+    hypothesis with score 0.
 
     Hypotheses returned for a sentence are distinct; `tokens` holds no EOS (a hypothesis shorter
     than the maximum length ended with EOS). beam_size=1 gives greedy_search's tokens, for any
@@ -85,10 +87,9 @@ def beam_search(
         tgt = prefix[:, -1:] if use_cache else prefix
         logits = model.decode(tgt, memory, src_layout, cache)[:, -1]  # (n*K, V); (n, V) at t = 0
         if t == 0:
-            logits, prefix, memory, src_layout = expand_to_beams(K, logits, prefix, memory, src_layout, cache)
+            logits, prefix = expand_to_beams(K, logits, prefix, cache)
         n = len(rows)
-        lprobs = torch.log_softmax(logits.float(), dim=-1).view(n, K, -1)  # (n, K, V)
-        top_scores, source, token = candidates(scores, lprobs, C)  # (n, C) each, best first
+        top_scores, source, token = candidates(scores, logits.float().view(n, K, -1), C)  # (n, C) each, best first
         is_eos = token.eq(eos_id)
 
         # the best K candidates that end, with EOS or at the sentence's maximum length, join its finished
@@ -99,44 +100,54 @@ def beam_search(
 
         scores, order, new_tokens = select_live(top_scores, source, token, is_eos, K)  # (n, K) each
         best_live = scores[:, 0] / float(t + 1) ** length_penalty  # (n,) at its current length
-        going = best_live.gt(finished.worst(rows)) & max_len[rows].gt(t + 1)  # (n,)
+        worst = finished.worst(rows)  # (n,) -inf until K have finished
+        going = (worst.isinf() if early_stopping else best_live.gt(worst)) & max_len[rows].gt(t + 1)  # (n,)
         keep = going.nonzero().squeeze(1)  # (n',) sentences going on
         if len(keep) == 0:
             break
         if len(keep) < n:  # drop finished sentences from the batch
             rows, scores, order, new_tokens = rows[keep], scores[keep], order[keep], new_tokens[keep]
-            memory, src_layout = select_encoded(memory, src_layout, beam_rows(keep, K))
+            memory, src_layout = select_encoded(memory, src_layout, keep)
+            if cache is not None:
+                cache.select_sources(keep)
         order = order.view(-1)  # (n'*K,) rows of prefix to extend
         prefix = torch.cat([prefix[order], new_tokens.view(-1, 1)], dim=1)  # (n'*K, t + 2)
         if cache is not None:
-            cache.reorder(order)
+            cache.reorder_targets(order)
     return finished.hypotheses(nbest)
 
 
-def beam_rows(sentences: Tensor, K: int) -> Tensor:
-    """The rows (n'*K,) of the K beams of each of the sentences (n',), beams being rows sentence * K + k."""
-    return (sentences[:, None] * K + torch.arange(K, device=sentences.device)).view(-1)  # (n'*K,)
-
-
-def expand_to_beams(
-    K: int, logits: Tensor, prefix: Tensor, memory: Tensor, src_layout: SequenceLayout, cache: DecoderCache | None
-):
-    """After the first step, which ran once per sentence (n rows) so that its K beams start out distinct: every
-    row repeated K times, (n*K, ...), in the logits, the prefix, the encoder output and the cache."""
+def expand_to_beams(K: int, logits: Tensor, prefix: Tensor, cache: DecoderCache | None):
+    """After the first step, which ran once per sentence (n rows) so that its K beams start out distinct: each
+    row repeated K times, (n*K, ...), in the logits, the prefix and the self-attention cache. The encoder output
+    and the cross-attention cache keep one row per sentence, which its K beams share (EncoderDecoder.decode)."""
     beams = torch.arange(logits.size(0), device=logits.device).repeat_interleave(K)  # (n*K,)
     if cache is not None:
-        cache.reorder(beams)
-    return logits[beams], prefix[beams], *select_encoded(memory, src_layout, beams)
+        cache.reorder_targets(beams)
+    return logits[beams], prefix[beams]
 
 
-def candidates(scores: Tensor, lprobs: Tensor, C: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The best C one-token extensions per sentence over its K beams x V tokens, best first: their summed
-    log-probabilities, the prefix row each extends (sentence * K + beam) and the new token; each (n, C)."""
-    n, K, V = lprobs.shape
-    cand = (scores[:, :, None] + lprobs).view(n, K * V)  # (n, K*V)
-    top_scores, top_idx = cand.topk(C, dim=1)  # (n, C), best first
+def candidates(scores: Tensor, logits: Tensor, C: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The best C one-token extensions per sentence over its K beams x V tokens (logits (n, K, V), float32), best
+    first: their summed log-probabilities, the prefix row each extends (sentence * K + beam) and the new token; each
+    (n, C). A top-k over all K*V costs several passes; instead each beam's vocabulary is cut into chunks of c tokens,
+    and the best C extensions all lie in the C chunks with the best maxima (a chunk outside them has C better
+    extensions elsewhere), so one max pass and a top-k over C*c values find them."""
+    n, K, V = logits.shape
+    lprobs = torch.log_softmax(logits, dim=-1)  # (n, K, V)
+    c = next((c for c in range(64, 15, -1) if V % c == 0), V)  # tokens per chunk, V // c chunks per beam
+    m = V // c
+    if K * m < C or c == V:  # too few chunks to cut: one top-k over everything
+        top_scores, top_idx = lprobs.add_(scores[:, :, None]).view(n, K * V).topk(C, dim=1)  # (n, C) each
+    else:
+        chunks = lprobs.view(n, K * m, c)  # (n, K*m, c)
+        chunk_best = (chunks.amax(dim=-1).view(n, K, m) + scores[:, :, None]).view(n, K * m)  # (n, K*m)
+        best = chunk_best.topk(C, dim=1).indices  # (n, C) chunks holding the best C extensions
+        picked = chunks.gather(1, best[:, :, None].expand(-1, -1, c)) + scores.gather(1, best // m)[:, :, None]
+        top_scores, pos = picked.view(n, C * c).topk(C, dim=1)  # (n, C) each, pos into the picked chunks
+        top_idx = best.gather(1, pos // c) * c + pos % c  # (n, C) index into K*V
     beam, token = top_idx // V, top_idx % V  # (n, C) source beam and new token of each candidate
-    source = torch.arange(n, device=lprobs.device)[:, None] * K + beam  # (n, C) rows of prefix
+    source = torch.arange(n, device=logits.device)[:, None] * K + beam  # (n, C) rows of prefix
     return top_scores, source, token
 
 

@@ -7,13 +7,14 @@ attn_mask True = may NOT attend, a float mask is added to the scores.
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .kv_cache import KVCache
 from .layout import SequenceLayout
 from .masks import AttentionMask, attention_mask, check_mask, key_padding
 
@@ -36,28 +37,6 @@ def explicit_is_faster(device_type: str, dtype: torch.dtype, needs_grad: bool, k
     """Whether `backend="auto"` skips SDPA for the explicit path: only in that measured case."""
     reduced = dtype in (torch.bfloat16, torch.float16)
     return device_type == "cpu" and reduced and needs_grad and k_len <= CPU_EXPLICIT_MAX_KEYS
-
-
-@dataclass
-class KVCache:
-    """Projected keys and values kept between decoding steps, each (B, nh, S, hs).
-
-    By default each step's keys and values are appended (self-attention). A static cache
-    (cross-attention) is filled from the encoder output on the first step and reused after.
-    """
-
-    static: bool = False
-    k: Tensor | None = None
-    v: Tensor | None = None
-
-    def __len__(self) -> int:
-        return 0 if self.k is None else self.k.size(2)
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows `index` (beam search: the surviving hypotheses)."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
 
 
 def sdpa_backend(backend: str):
@@ -125,6 +104,23 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: floa
     return y, weights
 
 
+def grouped(q: Tensor, g: int) -> Tensor:
+    """(g*Bk, nh, L, hs) -> (Bk, nh, g*L, hs): each g consecutive query rows as one row's queries, which attend the
+    same keys (cross-attention from a sentence's beams reads its encoder output once, not once per beam)."""
+    if g == 1:
+        return q
+    B, H, L, hs = q.shape
+    return q.view(B // g, g, H, L, hs).transpose(1, 2).reshape(B // g, H, g * L, hs)  # (Bk, nh, g*L, hs)
+
+
+def ungrouped(y: Tensor, g: int) -> Tensor:
+    """grouped's inverse: (Bk, nh, g*L, X) -> (g*Bk, nh, L, X)."""
+    if g == 1:
+        return y
+    Bk, H, gL, X = y.shape
+    return y.view(Bk, H, g, gL // g, X).transpose(1, 2).reshape(Bk * g, H, gL // g, X)  # (B, nh, L, X)
+
+
 class MultiHeadAttention(nn.Module):
     """Self- or cross-attention over (B, T, d) tensors.
 
@@ -178,9 +174,10 @@ class MultiHeadAttention(nn.Module):
         for name, x in (("query", query), ("key", key), ("value", value)):
             if x.dim() != 3 or x.size(-1) != d:
                 raise ValueError(f"{name} must be (batch, length, {d}), got shape {tuple(x.shape)}")
-        if not query.size(0) == key.size(0) == value.size(0):
+        if key.size(0) != value.size(0) or query.size(0) % key.size(0) or (key is query and value is not query):
             raise ValueError(
                 f"batch sizes differ: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+                " (query's may be a multiple of key's: consecutive query rows sharing one key row)"
             )
         if key.size(1) != value.size(1):
             raise ValueError(f"key and value lengths differ: key {tuple(key.shape)}, value {tuple(value.shape)}")
@@ -188,9 +185,9 @@ class MultiHeadAttention(nn.Module):
     def _qkv(self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
         """Projected heads, each (B, nh, T, hs); with a cache, keys and values so far."""
         d = self.embed_dim
-        if cache is not None and cache.k is not None and cache.k.size(0) != query.size(0):
+        if cache is not None and cache.k is not None and cache.k.size(0) != key.size(0):
             raise ValueError(
-                f"cache holds batch {cache.k.size(0)}, query has batch {query.size(0)}; reorder or reset the cache"
+                f"cache holds batch {cache.k.size(0)}, keys have batch {key.size(0)}; reorder or reset the cache"
             )
         if cache is not None and cache.static and cache.k is not None:  # cross-attention: K, V projected on step one
             return self._split_heads(self._project(query, slice(0, d))), cache.k, cache.v
@@ -204,9 +201,7 @@ class MultiHeadAttention(nn.Module):
                 k, v = self._project(key, slice(d, 2 * d)), self._project(value, slice(2 * d, None))
         q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
         if cache is not None:
-            if cache.k is not None:  # (static caches never get here with keys)
-                k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)  # (B, nh, S, hs)
-            cache.k, cache.v = k, v
+            k, v = cache.append(k, v)  # (B, nh, S, hs): every step's so far
         return q, k, v
 
     def forward(
@@ -230,10 +225,17 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and (key_padding_mask is not None or attn_mask is not None or is_causal):
             raise ValueError("give either mask= or key_padding_mask/attn_mask/is_causal, not both")
         q, k, v = self._qkv(query, key, value, cache)
+        g = query.size(0) // key.size(0)  # query rows per key row: a sentence's beams in beam search, else 1
+        if g > 1 and (attn_mask is not None or is_causal):
+            raise ValueError(
+                "query rows sharing a key row take a key_padding_mask or mask= only, not attn_mask/is_causal"
+            )
+        q = grouped(q, g)  # (Bk, nh, g*L, hs): a key row's queries side by side
         if mask is None:
             mask = self._mask(q, k, key_padding_mask, attn_mask, is_causal, need_weights or cache is not None,
                               key is query)  # fmt: skip
         y, weights = attend(q, k, v, mask, self.dropout if self.training else 0.0, self.backend, need_weights)
+        y, weights = ungrouped(y, g), None if weights is None else ungrouped(weights, g)  # (B, nh, L, hs|S)
         B, L, d = query.shape
         y = y.transpose(1, 2).reshape(B, L, d)  # (B, L, d)
         if weights is not None and average_attn_weights:

@@ -30,7 +30,19 @@ class DecoderCache:
         return len(self.self_attn[0]) if self.self_attn else 0
 
     def reorder(self, index: Tensor) -> None:
-        for cache in self.self_attn + self.cross_attn:
+        """Keep rows `index` of every cache: one target row per source row (greedy search)."""
+        self.reorder_targets(index)
+        self.select_sources(index)
+
+    def reorder_targets(self, index: Tensor) -> None:
+        """Keep target rows `index` of the self-attention caches (beam search: the surviving hypotheses); the
+        cross-attention caches hold one row per source, shared by its beams."""
+        for cache in self.self_attn:
+            cache.reorder(index)
+
+    def select_sources(self, index: Tensor) -> None:
+        """Keep source rows `index` of the cross-attention caches (sentences still decoding)."""
+        for cache in self.cross_attn:
             cache.reorder(index)
 
 
@@ -109,7 +121,8 @@ class EncoderDecoder(nn.Module):
         cache: DecoderCache | None = None,
         where: Tensor | None = None,
     ) -> Tensor:
-        """Logits for each position of tgt, (B, T, V); with a cache, tgt holds only the new tokens. With `where`,
+        """Logits for each position of tgt, (B, T, V); with a cache, tgt holds only the new tokens. memory (and
+        src_layout) may hold one row per g consecutive rows of tgt (beam search: a sentence's g beams). With `where`,
         logits only at its True positions, (N, V): training needs none at padding. `where` is a (B, T) bool mask, or
         the (N,) flat positions b * T + t of its True entries, which select without a sync."""
         offset = 0 if cache is None else len(cache)
