@@ -1,21 +1,25 @@
 """Decoding speed of a trained checkpoint on a test split: greedy and beam 5, with the key/value cache
-and without it (every step re-reading the whole prefix), fp32 and bf16 autocast; and against Hugging Face's
+and without it (every step re-reading the whole prefix), fp32 and bf16 autocast; against Hugging Face's
 MarianMTModel.generate (its own cache) of the same dimensions, when the optional `bench` extra is installed; and
-CTranslate2 on folders `python -m transformer.export` wrote (--export, float32 and int8 say), on the same threads.
+CTranslate2 on folders `python -m transformer.export` wrote (--export, float32 and int8 say); on 1 and 2 threads.
 A randomly initialised MarianMTModel would not stop where a trained model stops, so it is made to decode
 exactly as many steps per batch as our search needed for that batch (min_new_tokens = max_new_tokens), on the
-same batches: both do the same number of decoder steps on the same shapes.
+same batches: both do the same number of decoder steps on the same shapes. Each row runs in a fresh process, so
+that its peak memory (resident growth from before the model is loaded to the end of its timed passes) is its own.
 
     python scripts/bench_decode.py --ckpt outputs/RUN/checkpoints/last.ckpt            # print the table
-    python scripts/bench_decode.py --ckpt outputs/RUN/checkpoints/last.ckpt --write    # and record it
-    python scripts/bench_decode.py --ckpt RUN/checkpoints/average.pt --export RUN/export/float32 RUN/export/int8
+    python scripts/bench_decode.py --ckpt RUN/checkpoints/average.pt --export RUN/export/float32 RUN/export/int8 --write
 
 Run it alone: another torch process on the same cores distorts every number.
 """
 
 import argparse
 import contextlib
+import gc
+import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,8 +27,7 @@ from pathlib import Path
 import torch
 from sacrebleu.metrics import BLEU
 
-from transformer.benchmarks.machine import machine
-from transformer.benchmarks.peers import MarianPeer
+from transformer.benchmarks.machine import machine, status_kib
 from transformer.benchmarks.report import BENCHMARKS, record
 from transformer.data import DataConfig, load_corpus
 from transformer.inference import SearchConfig, Translator
@@ -41,23 +44,20 @@ def timed(run, todo, warm_up, reps: int):
     return statistics.median(seconds), found
 
 
-def time_search(translator: Translator, sources: list[list[int]], search: SearchConfig, precision: str, reps: int):
-    """(median seconds over reps, generated target tokens incl. EOS), after one warm-up batch."""
-    seconds, found = timed(lambda todo: translator.search(todo, search, precision), sources, sources[:16], reps)
-    return seconds, sum(len(h[0].tokens) + 1 for h in found)
+def marian_run(translator: Translator, sources: list[list[int]], beam: int, precision: str):
+    """A function timing MarianMTModel.generate over the batches our search decodes, each for as many steps as
+    our longest hypothesis (with EOS) there; None without transformers."""
+    from transformer.benchmarks.peers import MarianPeer
 
-
-def time_marian(translator: Translator, sources: list[list[int]], found, beam: int, precision: str, reps: int):
-    """Median seconds of MarianMTModel.generate over the batches our search used, each decoding as many steps
-    as our longest hypothesis (with EOS) in that batch; None without transformers."""
-    tok, cfg = translator.src_tokenizer, translator.model_config
+    tok, cfg, search = translator.src_tokenizer, translator.model_config, SearchConfig(beam_size=beam)
     try:
         peer = MarianPeer(cfg, tok.bos_id, tok.eos_id).model.eval()
     except ImportError:
         return None
-    inputs = []  # the batches our search decodes, each with the steps it needed: the longest hypothesis + EOS
-    for batch, src in translator.batches(sources, SearchConfig().max_tokens):
-        inputs.append((src, max(len(found[i][0].tokens) for i in batch) + 1))
+    found = translator.search(sources, search, precision)
+    inputs = [
+        (src, max(len(found[i][0].tokens) for i in batch) + 1) for batch, src in translator.batches(sources, search)
+    ]
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
     def run(todo):
@@ -65,23 +65,65 @@ def time_marian(translator: Translator, sources: list[list[int]], found, beam: i
             for src, steps in todo:
                 peer.generate(input_ids=src, attention_mask=src.ne(cfg.pad_id), num_beams=beam, do_sample=False,
                               min_new_tokens=steps, max_new_tokens=steps, use_cache=True)  # fmt: skip
+        return [h[0].tokens for h in found]
 
-    return timed(run, inputs, inputs[:1], reps)[0]
+    return lambda todo: run(inputs if todo is sources else inputs[:1])
 
 
-def time_exported(folder: str, sources: list[list[int]], search: SearchConfig, reps: int):
-    """(median seconds over reps, generated target tokens incl. EOS, hypotheses) of an exported folder's
-    CTranslate2 decoding, with our search settings and max-length rule, after one warm-up batch."""
-    from transformer.export.engine import ExportedTranslator, ctranslate2_search
+def measure(args) -> dict:
+    """One row, in this process: decoder (ours, ours-no-cache, marian, or a CTranslate2 folder), beam, precision,
+    threads. Seconds (median), target tokens with EOS, BLEU, peak memory growth (MiB; none for MarianMT)."""
+    decoder, beam, precision, threads = args.row[0], int(args.row[1]), args.row[2], int(args.row[3])
+    torch.set_num_threads(threads)
+    translator = Translator.from_path(args.ckpt)  # its tokenizers and data config; its model when timed
+    data = DataConfig.from_dict(translator.data)
+    pairs = load_corpus(data)[0][args.split or data.test_split]
+    texts, references = list(pairs["src"])[: args.sentences], list(pairs["tgt"])[: args.sentences]
+    sources = translator.src_tokenizer.encode(texts)
+    search, reps, tgt = SearchConfig(beam_size=beam), args.reps, translator.tgt_tokenizer
+    if decoder != "marian":  # the model is loaded again below, inside the measured memory
+        del translator
+        gc.collect()
+    before = status_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
+    if decoder in ("ours", "ours-no-cache"):
+        ours = Translator.from_path(args.ckpt)
+        search = replace(search, use_cache=decoder == "ours")
+        reps = reps if search.use_cache else 1
 
-    exported = ExportedTranslator(folder, threads=torch.get_num_threads())
-    run = lambda todo: ctranslate2_search(exported.engine, *exported.pieces, todo, search)  # noqa: E731
+        def run(todo):
+            return [h[0].tokens for h in ours.search(todo, search, precision)]
+    elif decoder == "marian":
+        run = marian_run(translator, sources, beam, precision)
+        if run is None:
+            return {}
+    else:
+        from transformer.export.engine import ExportedTranslator, ctranslate2_search
+
+        exported = ExportedTranslator(decoder, threads=threads)
+
+        def run(todo):
+            return ctranslate2_search(exported.engine, *exported.pieces, todo, search, exported.eos_piece)
+
     seconds, found = timed(run, sources, sources[:16], reps)
-    return seconds, sum(len(h) + 1 for h in found), found
+    return {
+        "seconds": seconds, "sentences": len(sources), "tokens": sum(len(h) + 1 for h in found),
+        "bleu": None if decoder == "marian" else BLEU().corpus_score(tgt.decode(found), [references]).score,
+        "peak_mib": None if decoder == "marian" else (status_kib("VmHWM") - before) / 1024,
+    }  # fmt: skip
 
 
-def bleu(tokenizer, hypotheses: list[list[int]], references: list[str]) -> str:
-    return f"{BLEU().corpus_score(tokenizer.decode(hypotheses), [references]).score:.2f}"
+def row_in_fresh_process(args, decoder: str, beam: int, precision: str, threads: int) -> dict:
+    command = [sys.executable, __file__, "--ckpt", args.ckpt, "--sentences", str(args.sentences), "--reps",
+               str(args.reps), "--row", decoder, str(beam), precision, str(threads)]  # fmt: skip
+    if args.split:
+        command += ["--split", args.split]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def disk_mib(path: Path) -> float:
+    return (path / "model.bin" if path.is_dir() else path).stat().st_size / 2**20
 
 
 def main():
@@ -91,53 +133,60 @@ def main():
     parser.add_argument("--sentences", type=int, default=1000, help="first N sentences of the split")
     parser.add_argument("--reps", type=int, default=3, help="timed passes with the cache (median reported)")
     parser.add_argument("--export", nargs="*", default=[], help="CTranslate2 folders from transformer.export")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--write", action="store_true", help=f"record the table in {BENCHMARKS}")
+    parser.add_argument("--row", nargs=4, help=argparse.SUPPRESS)  # internal: measure one row in this process
     args = parser.parse_args()
+    if args.row:
+        print(json.dumps(measure(args)))
+        return
 
-    translator = Translator.from_path(args.ckpt)
-    data = DataConfig.from_dict(translator.data)
-    split = args.split or data.test_split
-    pairs = load_corpus(data)[0][split]
-    texts, references = list(pairs["src"])[: args.sentences], list(pairs["tgt"])[: args.sentences]
-    sources = translator.src_tokenizer.encode(texts)
     rows = [
-        "| search | precision | decoder | sentences/s | target tokens/s | ours (cache) faster by | BLEU |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| threads | search | precision | decoder | sentences/s | target tokens/s | ours (cache) faster by | BLEU "
+        "| peak memory (MiB) | model on disk (MiB) |",
+        "|---:|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    tgt = translator.tgt_tokenizer
     print(machine())
-    for beam in (1, 5):
-        for precision in ("32", "bf16"):
-            search = SearchConfig(beam_size=beam)
-            cached, tokens = time_search(translator, sources, search, precision, args.reps)
-            uncached, _ = time_search(translator, sources, replace(search, use_cache=False), precision, 1)
-            found = translator.search(sources, search, precision)
-            marian = time_marian(translator, sources, found, beam, precision, args.reps)
-            name = "greedy" if beam == 1 else f"beam {beam}"
-            ours_bleu = bleu(tgt, [h[0].tokens for h in found], references)
-            timings = [("ours, cache", cached, tokens, ours_bleu), ("ours, no cache", uncached, tokens, ours_bleu)]
-            timings += [("MarianMT generate", marian, tokens, "")] if marian is not None else []
-            if precision == "32":  # CTranslate2's compute type is the folder's own
-                for folder in args.export:
-                    seconds, n, hyps = time_exported(folder, sources, search, args.reps)
-                    timings.append((f"CTranslate2 {Path(folder).name}", seconds, n, bleu(tgt, hyps, references)))
-            for decoder, seconds, n, score in timings:
-                ratio = f"{seconds / cached:.2f}x" if decoder != "ours, cache" else ""
-                rows.append(f"| {name} | {precision} | {decoder} | {len(sources) / seconds:.1f} | "
-                            f"{n / seconds:.0f} | {ratio} | {score} |")  # fmt: skip
-                print(rows[-1], flush=True)
+    for threads in args.threads:
+        for beam in (1, 5):
+            for precision in ("32", "bf16"):
+                decoders = ["ours", "ours-no-cache", "marian"] + (args.export if precision == "32" else [])
+                ours = None
+                for decoder in decoders:
+                    got = row_in_fresh_process(args, decoder, beam, precision, threads)
+                    if not got:
+                        continue
+                    ours = ours or got["seconds"]
+                    name = {"ours": "ours, cache", "ours-no-cache": "ours, no cache", "marian": "MarianMT generate"}
+                    size = (
+                        ""
+                        if decoder == "marian"
+                        else f"{disk_mib(Path(args.ckpt if 'ours' in decoder else decoder)):.1f}"
+                    )
+                    ratio = "" if decoder == "ours" else f"{got['seconds'] / ours:.2f}x"
+                    bleu = "" if got["bleu"] is None else f"{got['bleu']:.2f}"
+                    peak = "" if got["peak_mib"] is None else f"{got['peak_mib']:.0f}"
+                    search = "greedy" if beam == 1 else f"beam {beam}"
+                    rows.append(
+                        f"| {threads} | {search} | {precision} | {name.get(decoder, f'CTranslate2 {Path(decoder).name}')} | "
+                        f"{got['sentences'] / got['seconds']:.1f} | {got['tokens'] / got['seconds']:.0f} | {ratio} | "
+                        f"{bleu} | {peak} | {size} |"
+                    )
+                    print(rows[-1], flush=True)
     if args.write:
         record(
             "bench_decode",
-            "Decoding (`python scripts/bench_decode.py --ckpt CKPT --write`)",
-            f": the first {len(sources)} sentences of `{split}` "
-            f"({data.src}->{data.tgt}), checkpoint `{args.ckpt}` (model {translator.model_config.d_model}-d, "
-            f"{translator.model_config.n_encoder_layers}+{translator.model_config.n_decoder_layers} layers), "
-            f"length-sorted batches of up to 8,192 source tokens; median of {args.reps} passes with the cache "
-            "(and of MarianMT generate, randomly initialised with the same dimensions, decoding as many steps per "
-            "batch as ours), one without; CTranslate2 on exported folders (the same search settings and max-length "
-            "rule, as many threads), under precision 32 whatever the folder's compute type. Target tokens: each "
-            "decoder's hypotheses', with EOS (MarianMT: ours). BLEU: sacreBLEU, cased, 13a.\n\n" + "\n".join(rows),
+            "Decoding (`python scripts/bench_decode.py --ckpt CKPT --export FOLDERS --write`)",
+            f" (threads as in each row): the first {args.sentences} sentences of the checkpoint's test split, "
+            f"checkpoint `{args.ckpt}`; length-sorted batches of up to 8,192 tokens (source tokens x beam size); "
+            f"median of {args.reps} passes with the cache (and of MarianMT generate, randomly initialised with the "
+            "same dimensions, decoding as many steps per batch as ours), one without; CTranslate2 on exported "
+            "folders with the same search settings and max-length rule (its compute type is the folder's; it stops "
+            "a sentence at beam_size finished hypotheses, ours searches on while a live one can still win, hence "
+            "their beam BLEU differ; with early_stopping=true both decode alike). Target tokens: each decoder's "
+            "hypotheses', with EOS (MarianMT: ours). BLEU: sacreBLEU, cased, 13a. Peak memory: resident growth "
+            "from before the model is loaded to the end of the timed passes, each row in a fresh process. Model "
+            "on disk: the checkpoint file (ours), model.bin (CTranslate2).\n\n" + "\n".join(rows),
         )
 
 

@@ -1,5 +1,7 @@
 """CTranslate2 export: the exported model computes what ours computes, for every architecture it can represent."""
 
+from dataclasses import asdict, replace
+
 import numpy as np
 import pytest
 import torch
@@ -107,8 +109,9 @@ def test_a_failed_export_leaves_the_earlier_folder_as_it_was(trained, tmp_path):
 def export_config(checkpoint, output, **changes):
     from omegaconf import OmegaConf
 
-    values = {"ckpt_path": str(checkpoint), "output": str(output), "quantization": "float32",
-              "parity_sentences": 1000, "bleu_tolerance": 0.5}  # fmt: skip
+    from transformer.schema import ExportConfig
+
+    values = {**asdict(ExportConfig(ckpt_path=str(checkpoint))), "output": str(output)}
     return OmegaConf.create({**values, **changes})
 
 
@@ -127,8 +130,42 @@ def test_the_export_command_writes_the_folder_and_its_model_card_after_the_gate(
     card = json.loads((folder / "model_card.json").read_text())
     assert card["checkpoint_sha256"] == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
     parity = card["parity"]
-    assert parity["passed"] and parity["identical"] == parity["sentences"] > 5 and parity["split"] == "test"
-    assert parity["bleu_export"] == parity["bleu_ours"] and "tok:13a" in parity["signature"]
+    assert parity["passed"] and parity["input"] == "test"
+    assert [r["search"] for r in parity["searches"]] == ["greedy", "beam 5, length_penalty 1.0"]
+    for result in parity["searches"]:  # float32 decodes as the checkpoint, greedy and beam
+        assert result["identical"] == result["sentences"] > 5 and result["bleu_export"] == result["bleu_ours"]
+        assert "tok:13a" in result["signature"]
+
+
+def test_the_gate_reads_parity_input_and_its_references(trained, tmp_path):
+    import json
+
+    from transformer.export.__main__ import export
+
+    tmp, _, checkpoint = trained
+    lines = (tmp / "c" / "val.de").read_text().splitlines()
+    (tmp_path / "in.de").write_text("\n".join(lines[:7]) + "\n")
+    (tmp_path / "ref.en").write_text("\n".join((tmp / "c" / "val.en").read_text().splitlines()[:7]) + "\n")
+    folder, failure = export(export_config(checkpoint, tmp_path / "a", parity_input=str(tmp_path / "in.de"),
+                                           beam_size=3, length_penalty=0.6))  # fmt: skip
+    searches = json.loads((folder / "model_card.json").read_text())["parity"]["searches"]
+    assert failure is None and [r["search"] for r in searches] == ["greedy", "beam 3, length_penalty 0.6"]
+    assert all(r["sentences"] == 7 and r["identical"] == 7 and r["bleu_ours"] is None for r in searches)
+    references = {"parity_input": str(tmp_path / "in.de"), "parity_references": str(tmp_path / "ref.en")}
+    folder, failure = export(export_config(checkpoint, tmp_path / "b", quantization="int8", **references))
+    assert failure is None and json.loads((folder / "model_card.json").read_text())["parity"]["input"] == str(
+        tmp_path / "in.de"
+    )
+    (tmp_path / "short.en").write_text("one line\n")
+    for changes, message in (
+        ({"parity_input": str(tmp_path / "in.de"), "quantization": "int8"}, "give parity_references=FILE"),
+        ({**references, "parity_references": str(tmp_path / "short.en")}, "has 1 lines where parity_input="),
+        ({"parity_input": str(tmp_path / "none.de")}, "is not a file"),
+        ({"parity_references": str(tmp_path / "ref.en")}, "without parity_input"),
+    ):
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            export(export_config(checkpoint, tmp_path / "c", **changes))
+    assert not (tmp_path / "c").exists()
 
 
 def test_an_export_that_fails_the_gate_is_kept_aside_and_the_good_one_stays(trained, tmp_path):
@@ -140,7 +177,7 @@ def test_an_export_that_fails_the_gate_is_kept_aside_and_the_good_one_stays(trai
     good, _ = export(export_config(checkpoint, tmp_path / "ct2"))
     before = (good / "model.bin").read_bytes()
     folder, failure = export(export_config(checkpoint, tmp_path / "ct2", quantization="int8", bleu_tolerance=-1.0))
-    assert failure.startswith("BLEU ") and folder == tmp_path / "ct2.failed"
+    assert failure.startswith("greedy: BLEU ") and folder == tmp_path / "ct2.failed"
     assert not json.loads((folder / "model_card.json").read_text())["parity"]["passed"]
     assert (good / "model.bin").read_bytes() == before
 
@@ -173,10 +210,9 @@ def test_the_readme_s_python_lines_translate_with_the_export_alone(trained, tmp_
     deploy = (ROOT / "README.md").read_text().split("## Deploy", 1)[1]
     code = re.search(r"```python\n(.*?)```", deploy, re.S).group(1)
     sentence = (tmp / "c" / "val.de").read_text().splitlines()[0]
-    assert "beam_size=5" in code  # greedy here: beam search is not yet the same in both engines
-    exec(code.replace("Ein Hund läuft über die Wiese.", sentence).replace("beam_size=5", "beam_size=1"),
-         {"DIR": str(tmp_path / "ct2")})  # fmt: skip
-    assert capsys.readouterr().out.strip() == translator.translate([sentence], SearchConfig(beam_size=1))[0]
+    exec(code.replace("Ein Hund läuft über die Wiese.", sentence), {"DIR": str(tmp_path / "ct2")})
+    search = SearchConfig(beam_size=5, early_stopping=True, max_len_a=0, max_len_b=256)  # CTranslate2's defaults
+    assert capsys.readouterr().out.strip() == translator.translate([sentence], search)[0]
 
 
 def test_translate_and_evaluate_take_an_exported_folder_as_a_checkpoint(trained, tmp_path):
@@ -196,6 +232,16 @@ def test_translate_and_evaluate_take_an_exported_folder_as_a_checkpoint(trained,
     )
     scores = [evaluate(t, data_config(t.data, {}), "val", greedy_search, "32") for t in (ours, theirs)]
     assert scores[0]["hypotheses"] == scores[1]["hypotheses"] and scores[0]["bleu"] == scores[1]["bleu"]
+    beam = SearchConfig(beam_size=3, length_penalty=0.6)  # the export stops as early_stopping does
+    assert theirs.translate(texts, beam) == ours.translate(
+        texts, SearchConfig(**{**asdict(beam), "early_stopping": True})
+    )
+    sizes = [
+        len(batch)
+        for batch, src in ours.batches(ours.src_tokenizer.encode(texts), SearchConfig(beam_size=1, max_tokens=300))
+    ]
+    beam_sizes = [len(b) for b, src in ours.batches(ours.src_tokenizer.encode(texts), replace(beam, max_tokens=300))]
+    assert len(beam_sizes) > len(sizes)  # a beam's batches hold max_tokens / beam_size source tokens
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
@@ -220,9 +266,9 @@ def test_the_export_stops_each_sentence_at_the_same_max_length(beam_size, tmp_pa
             ours.append(
                 greedy_search(model, src, 2, 3)[0]
                 if beam_size == 1
-                else beam_search(model, src, 2, 3, beam_size)[0][0].tokens
+                else beam_search(model, src, 2, 3, beam_size, early_stopping=True)[0][0].tokens
             )
-    theirs = ctranslate2_search(engine, vocab, vocab, sources, SearchConfig(beam_size=beam_size))
-    assert [len(h) for h in theirs] == [len(h) for h in ours]
-    if beam_size == 1:
-        assert theirs == ours
+    search = SearchConfig(beam_size=beam_size, early_stopping=True)
+    theirs = ctranslate2_search(engine, vocab, vocab, sources, search, SPECIAL["eos"])
+    assert theirs == ours
+    assert any(len(h) == int(1.2 * (len(s) + 1) + 10) for h, s in zip(ours, sources))  # some cut at their limit

@@ -67,7 +67,9 @@ class TrainConfig:
 class EvaluateConfig(SearchConfig):
     ckpt_path: str = MISSING  # a training checkpoint, or a folder transformer.export wrote
     split: str | None = None  # null: the checkpoint's test split; a split of its main corpus, or corpus/split
-    max_tokens: int | None = None  # padded tokens per batch (either side); null: the checkpoint's data.max_tokens
+    max_tokens: int | None = (
+        None  # padded tokens per batch (either side) x beam_size; null: the checkpoint's data.max_tokens
+    )
     precision: str | None = None  # 32 or bf16; null: as the checkpoint was trained
     device: str = "cpu"
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -90,8 +92,15 @@ class ExportConfig:
     ckpt_path: str = MISSING
     output: str | None = None  # the CTranslate2 folder; null: RUN/export/{quantization} beside the checkpoint
     quantization: str = "float32"  # a CTranslate2 compute type: float32, int8, int8_float32, bfloat16, ...
-    parity_sentences: int = 1000  # the checkpoint's test split's first N, decoded by both engines
+    parity_input: str | None = None  # a text file of sources for the gate; null: the checkpoint's test split
+    parity_references: str | None = None  # parity_input's references (BLEU); a quantized export needs them
+    parity_sentences: int = 1000  # the first N sentences, decoded by both engines
     bleu_tolerance: float = 0.5  # a quantized export's BLEU may differ by this much from the checkpoint's
+    # the gate's beam search (greedy is always checked too); beam_size=1: greedy only
+    beam_size: int = SearchConfig.beam_size
+    length_penalty: float = SearchConfig.length_penalty
+    max_len_a: float = SearchConfig.max_len_a
+    max_len_b: int = SearchConfig.max_len_b
 
 
 @dataclass

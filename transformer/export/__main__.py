@@ -14,9 +14,9 @@ from ..cli import check_overrides, one_line_errors
 from ..data import load_corpus
 from ..data.sources import file_sha256
 from ..evaluate import data_config
-from ..inference import Translator
+from ..inference import SearchConfig, Translator
 from .folder import convert, put_in_place, staging
-from .parity import greedy_parity
+from .parity import gate_searches, parity
 from .spec import checkpoint_spec
 
 
@@ -31,27 +31,59 @@ def export(cfg: DictConfig) -> tuple[Path, str | None]:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed export leaves nothing half-written
 
 
+def parity_sentences(cfg: DictConfig, translator: Translator) -> tuple[str, list[str], list[str] | None, str | None]:
+    """What the gate decodes: (its name, the first parity_sentences sources, their references or None, the corpus
+    tag to put before each): parity_input's lines (and parity_references'), or the checkpoint's test split."""
+    if cfg.parity_sentences < 1:
+        raise ValueError(f"parity_sentences={cfg.parity_sentences} must be at least 1")
+    if cfg.parity_input is None:
+        if cfg.parity_references is not None:
+            raise ValueError(
+                "parity_references is given without parity_input; give both, or neither for the test split"
+            )
+        data = data_config(translator.data, {})  # the checkpoint's test split, with its references
+        corpus = data.all_corpora()[data.main_name]
+        test = load_corpus(corpus, data.src, data.tgt, data.cache_dir)[0][data.test_split]
+        n = min(cfg.parity_sentences, len(test))
+        return data.test_split, list(test["src"][:n]), list(test["tgt"][:n]), corpus.tag
+    sources = read_lines(cfg.parity_input, "parity_input")[: cfg.parity_sentences]
+    if cfg.parity_references is None:
+        if cfg.quantization != "float32":
+            raise ValueError(f"quantization={cfg.quantization} is gated on BLEU: give parity_references=FILE, the "
+                             f"references of parity_input={cfg.parity_input}")  # fmt: skip
+        return cfg.parity_input, sources, None, None
+    references = read_lines(cfg.parity_references, "parity_references")[: cfg.parity_sentences]
+    if len(references) != len(sources):
+        raise ValueError(f"parity_references={cfg.parity_references} has {len(references)} lines where "
+                         f"parity_input={cfg.parity_input} has {len(sources)}; give line-aligned files")  # fmt: skip
+    return cfg.parity_input, sources, references, None
+
+
+def read_lines(path: str, key: str) -> list[str]:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{key}={path} is not a file; give a text file with one sentence per line")
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
 def _build_and_check(cfg: DictConfig, translator: Translator, tmp: Path, output: Path):
     import ctranslate2
 
+    name, sources, references, tag = parity_sentences(cfg, translator)
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     checkpoint = Path(cfg.ckpt_path)
     built = convert(checkpoint_spec(translator), tmp, cfg.quantization)
     (built / "source.spm.model").write_bytes(src.sp.serialized_model_proto())
     (built / "target.spm.model").write_bytes(tgt.sp.serialized_model_proto())
 
-    data = data_config(translator.data, {})  # the checkpoint's test split, with its references
-    corpus = data.all_corpora()[data.main_name]
-    test = load_corpus(corpus, data.src, data.tgt, data.cache_dir)[0][data.test_split]
-    n = min(cfg.parity_sentences, len(test))
     engine = ctranslate2.Translator(str(built), device="cpu", compute_type=cfg.quantization)
-    parity = greedy_parity(translator, engine, list(test["src"][:n]), list(test["tgt"][:n]), corpus.tag)
+    searches = gate_searches(SearchConfig.pick(cfg))
+    results = [parity(translator, engine, sources, references, search, tag) for search in searches]
     del engine
-    failure = parity.failure(cfg.quantization, cfg.bleu_tolerance)
+    failure = next(filter(None, (r.failure(cfg.quantization, cfg.bleu_tolerance) for r in results)), None)
     card = {
         "checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint).hexdigest(), "quantization": cfg.quantization,
         "model": asdict(translator.model_config), "data": translator.data,
-        "parity": {"split": data.test_split, **asdict(parity), "passed": failure is None, "failure": failure},
+        "parity": {"input": name, "searches": [asdict(r) for r in results], "passed": failure is None, "failure": failure},
     }  # fmt: skip
     (built / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
     if failure is not None:  # kept aside for inspection; an earlier good export at `output` stays
@@ -64,11 +96,16 @@ def _build_and_check(cfg: DictConfig, translator: Translator, tmp: Path, output:
 def main(cfg: DictConfig) -> None:
     folder, failure = export(cfg)
     card = json.loads((folder / "model_card.json").read_text())["parity"]
-    print(f"greedy on {card['split']}'s first {card['sentences']}: {card['identical']} identical; BLEU "
-          f"{card['bleu_export']:.2f} exported, {card['bleu_ours']:.2f} the checkpoint ({card['signature']})")  # fmt: skip
+    for result in card["searches"]:
+        bleu = "" if result["bleu_ours"] is None else (
+            f"; BLEU {result['bleu_export']:.2f} exported, {result['bleu_ours']:.2f} the checkpoint ({result['signature']})")  # fmt: skip
+        print(
+            f"{result['search']} on {card['input']}'s first {result['sentences']}: {result['identical']} identical{bleu}"
+        )
     if failure is not None:
-        print(f"error: the export fails the parity gate: {failure} (first differing sentences: "
-              f"{card['first_different']}); it is in {folder}, not deployed", file=sys.stderr)  # fmt: skip
+        first = next(r["first_different"] for r in card["searches"] if failure.startswith(r["search"]))
+        print(f"error: the export fails the parity gate: {failure} (first differing sentences: {first}); "
+              f"it is in {folder}, not deployed", file=sys.stderr)  # fmt: skip
         sys.exit(1)
     print(f"exported to {folder}")
 

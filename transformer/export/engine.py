@@ -13,27 +13,41 @@ def is_export(path: str | Path) -> bool:
     return (Path(path) / "model.bin").is_file() and (Path(path) / "model_card.json").is_file()
 
 
-def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search) -> list:
+def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search,
+                       eos_piece: str) -> list:  # fmt: skip
     """The best hypothesis's token ids per source (ids without EOS), each decoded with SearchConfig `search` and
-    its max-length rule, int(a * (source tokens + EOS) + b). CTranslate2 takes one max_decoding_length a call:
-    greedy decodes all at once to the longest limit and cuts each hypothesis at its own (a greedy prefix does not
-    depend on the limit); beam search, whose finished hypotheses do, is called once per limit."""
+    its max-length rule, int(a * (source tokens + EOS) + b). As in our search, EOS may come first
+    (min_decoding_length=0) and counts in the length that normalises scores (return_end_token). CTranslate2 stops a
+    sentence at beam_size finished hypotheses: ours does with search.early_stopping.
+
+    CTranslate2 takes one max_decoding_length a call, so all sources decode in one call to the longest limit.
+    Greedy hypotheses are then cut at each sentence's own (a greedy prefix does not depend on the limit). A beam
+    search depends on its limit only if it reaches it: the search ends on the step its K-th hypothesis finishes,
+    and among the K hypotheses returned, the longest (EOS included) finished on that step. A sentence whose
+    longest is shorter than its own limit decoded as it would have under it; the few others decode again, one call
+    per limit."""
     limits = [int(search.max_len_a * (len(s) + 1) + search.max_len_b) for s in sources]
     found: list[list[int]] = [[] for _ in sources]
     tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
-    if search.beam_size == 1:
-        calls = [(max(limits, default=0), list(range(len(sources))))]
-    else:
-        order = sorted(range(len(sources)), key=limits.__getitem__)
-        calls = [(limit, list(group)) for limit, group in groupby(order, key=limits.__getitem__)]
-    for max_length, group in calls:
+    calls = [(max(limits, default=0), list(range(len(sources))))]
+    while calls:
+        max_length, group = calls.pop()
         results = engine.translate_batch(
             [[src_pieces[t] for t in sources[i]] for i in group], beam_size=search.beam_size,
-            length_penalty=search.length_penalty, max_decoding_length=max_length, max_batch_size=8192,
-            batch_type="tokens",
+            num_hypotheses=search.beam_size, length_penalty=search.length_penalty, max_decoding_length=max_length,
+            min_decoding_length=0, return_end_token=True, max_batch_size=8192, batch_type="tokens",
         )  # fmt: skip
+        again = []
         for i, result in zip(group, results):
-            found[i] = [tgt_ids[p] for p in result.hypotheses[0][: limits[i]]]
+            exact = search.beam_size == 1 or max_length == limits[i]
+            if not exact and max(map(len, result.hypotheses)) >= limits[i]:
+                again.append(i)
+                continue
+            best = result.hypotheses[0]
+            found[i] = [tgt_ids[p] for p in (best[:-1] if best and best[-1] == eos_piece else best)[: limits[i]]]
+        calls += [
+            (limit, list(g)) for limit, g in groupby(sorted(again, key=limits.__getitem__), key=limits.__getitem__)
+        ]
     return found
 
 
@@ -49,6 +63,7 @@ class ExportedTranslator:
         self.src_tokenizer = SentencePiece(folder / "source.spm.model")
         self.tgt_tokenizer = SentencePiece(folder / "target.spm.model")
         self.pieces = pieces(self.src_tokenizer), pieces(self.tgt_tokenizer)
+        self.eos_piece = self.pieces[1][self.tgt_tokenizer.eos_id]
         self.data, self.quantization = card["data"], card["quantization"]
         self.trained_precision = "32"  # the folder's own compute type decides; precision= does not apply
 
@@ -56,5 +71,5 @@ class ExportedTranslator:
                   tag: str | None = None) -> list[str]:  # fmt: skip
         """As Translator.translate: one translation per text, empty texts give empty translations."""
         ids = self.src_tokenizer.encode(texts, tag)
-        outputs = self.tgt_tokenizer.decode(ctranslate2_search(self.engine, *self.pieces, ids, search))
+        outputs = self.tgt_tokenizer.decode(ctranslate2_search(self.engine, *self.pieces, ids, search, self.eos_piece))
         return ["" if not text.strip() else out for text, out in zip(texts, outputs)]

@@ -1,6 +1,6 @@
 """The parity gate: an exported folder decodes as the checkpoint does, or the export is not deployed."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sacrebleu.metrics import BLEU
 
@@ -11,11 +11,12 @@ from .spec import pieces
 
 @dataclass
 class Parity:
+    search: str  # "greedy" or "beam 5, length_penalty 1.0"
     sentences: int
     identical: int  # hypotheses token for token the same
-    bleu_ours: float
-    bleu_export: float
-    signature: str
+    bleu_ours: float | None  # None: no references
+    bleu_export: float | None
+    signature: str | None
     first_different: list[int]  # indices of the first sentences that differ
 
     @property
@@ -23,26 +24,35 @@ class Parity:
         return self.identical / max(self.sentences, 1)
 
     def failure(self, quantization: str, bleu_tolerance: float) -> str | None:
-        """Why this export fails the gate, or None. float32 is the same model: at least 99% of greedy hypotheses
-        identical and BLEU within 0.1; a quantized one: BLEU within bleu_tolerance."""
+        """Why this export fails the gate, or None. float32 is the same model: at least 99% of hypotheses identical
+        and BLEU within 0.1; a quantized one: BLEU within bleu_tolerance."""
         exact = quantization == "float32"
         limit = 0.1 if exact else bleu_tolerance
         if exact and self.identical_fraction < 0.99:
-            return f"{self.identical} of {self.sentences} greedy hypotheses identical, under 99%"
-        if abs(self.bleu_export - self.bleu_ours) > limit:
-            return f"BLEU {self.bleu_export:.2f} against the checkpoint's {self.bleu_ours:.2f}, over {limit}"
+            return f"{self.search}: {self.identical} of {self.sentences} hypotheses identical, under 99%"
+        if self.bleu_ours is not None and abs(self.bleu_export - self.bleu_ours) > limit:
+            return f"{self.search}: BLEU {self.bleu_export:.2f} against the checkpoint's {self.bleu_ours:.2f}, over {limit}"
         return None
 
 
-def greedy_parity(translator: Translator, engine, sources: list[str], references: list[str],
-                  tag: str | None = None) -> Parity:  # fmt: skip
-    """Both engines decode `sources` greedily with one max-length rule."""
+def gate_searches(search: SearchConfig) -> list[SearchConfig]:
+    """Greedy, then `search`'s beam if it has one; both under CTranslate2's rule of stopping a sentence at
+    beam_size finished hypotheses (early_stopping), which is what the export decodes."""
+    greedy = replace(search, beam_size=1, early_stopping=True)
+    return [greedy] + ([replace(search, early_stopping=True)] if search.beam_size > 1 else [])
+
+
+def parity(translator: Translator, engine, sources: list[str], references: list[str] | None, search: SearchConfig,
+           tag: str | None = None) -> Parity:  # fmt: skip
+    """Both engines decode `sources` with the same search settings and max-length rule."""
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     ids = src.encode(sources, tag)
-    search = SearchConfig(beam_size=1)
     ours = [h[0].tokens if h else [] for h in translator.search(ids, search)]
-    theirs = ctranslate2_search(engine, pieces(src), pieces(tgt), ids, search)
+    theirs = ctranslate2_search(engine, pieces(src), pieces(tgt), ids, search, tgt.sp.id_to_piece(tgt.eos_id))
+    name = "greedy" if search.beam_size == 1 else f"beam {search.beam_size}, length_penalty {search.length_penalty}"
     bleu = BLEU()
-    scores = [bleu.corpus_score(tgt.decode(h), [references]).score for h in (ours, theirs)]
+    scores = [None, None] if references is None else [bleu.corpus_score(tgt.decode(h), [references]).score
+                                                       for h in (ours, theirs)]  # fmt: skip
+    signature = None if references is None else str(bleu.get_signature())
     different = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
-    return Parity(len(ids), len(ids) - len(different), *scores, str(bleu.get_signature()), different[:5])
+    return Parity(name, len(ids), len(ids) - len(different), *scores, signature, different[:5])
