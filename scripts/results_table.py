@@ -1,5 +1,5 @@
 """The results table of one or more run folders: training (epochs, steps, minutes, target tokens/s) and every
-evaluation written under RUN/evaluate/ (BLEU cased and lowercased, chrF).
+evaluation written under RUN/evaluate/ (BLEU cased and lowercased, chrF: chrF++ where its chrf_line starts "chrF2++", plain chrF in older ones).
 
     python scripts/results_table.py outputs/reproduce_multi30k/de-en outputs/reproduce_multi30k/en-de
 """

@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--all", action="store_true", help="score every checkpoint, not only up to the first hit")
     args = parser.parse_args()
-    print("| step | training minutes | BLEU | chrF |\n|---:|---:|---:|---:|")
+    print("| step | training minutes | BLEU | chrF++ |\n|---:|---:|---:|---:|")
     reached = None
     for step, path, minutes in checkpoints_by_step(args.folder, training_minutes):
         translator = Translator.from_path(str(path))

@@ -111,3 +111,12 @@ def test_evaluate_and_translate_share_the_search_schema(capsys):
     )
     assert one_line_error("translate", [], capsys) == "error: ckpt_path is required: add ckpt_path=..."
     assert compose("evaluate", ["ckpt_path=x", "data.path=elsewhere"])["data"]["path"] == "elsewhere"
+
+
+@pytest.mark.parametrize("metric", ["bleu", "chrf"])
+def test_best_checkpoints_are_kept_by_the_validation_metric_asked(metric):
+    cfg = check_overrides("train", [f"validation.best_metric={metric}"])
+    assert OmegaConf.select(cfg, "callbacks.best_checkpoint.monitor") == f"val/{metric}"
+    assert OmegaConf.select(cfg, "callbacks.best_checkpoint.filename").endswith(f"-{metric}{{val/{metric}:.2f}}")
+    with pytest.raises(ValueError, match="validation.best_metric='ter' is not one of bleu, chrf"):
+        ValidationConfig(best_metric="ter")

@@ -233,9 +233,13 @@ def test_translate_and_evaluate_take_an_exported_folder_as_a_checkpoint(trained,
     scores = [evaluate(t, data_config(t.data, {}), "val", greedy_search, "32") for t in (ours, theirs)]
     assert scores[0]["hypotheses"] == scores[1]["hypotheses"] and scores[0]["bleu"] == scores[1]["bleu"]
     beam = SearchConfig(beam_size=3, length_penalty=0.6)  # the export stops as early_stopping does
-    assert theirs.translate(texts, beam) == ours.translate(
-        texts, SearchConfig(**{**asdict(beam), "early_stopping": True})
-    )
+    assert theirs.translate(texts, beam) == ours.translate(texts, replace(beam, early_stopping=True))
+    ours_nbest = ours.translate_nbest(texts, replace(beam, early_stopping=True), 3)
+    for a, b in zip(ours_nbest, theirs.translate_nbest(texts, beam, 3)):  # the same 3 best, scored alike
+        assert [t for _, t in a] == [t for _, t in b] and [s for s, _ in a] == pytest.approx(
+            [s for s, _ in b], abs=1e-3
+        )
+    assert len(ours_nbest[0]) == 3 and ours_nbest[3] == [(0.0, "")]
     sizes = [
         len(batch)
         for batch, src in ours.batches(ours.src_tokenizer.encode(texts), SearchConfig(beam_size=1, max_tokens=300))

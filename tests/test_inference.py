@@ -4,6 +4,7 @@ import sys
 
 import pytest
 import torch
+from sacrebleu.metrics import CHRF, TER
 
 from transformer.averaging import average_checkpoints
 from transformer.evaluate import data_config, evaluate
@@ -23,6 +24,30 @@ def test_evaluate_with_greedy_search_reproduces_the_validation_bleu(trained):
     assert result["bleu"] > 20 and result["bleu_line"].startswith("BLEU|nrefs:1|case:mixed")
     beam = evaluate(translator, data, "val", SearchConfig(beam_size=4), "32")
     assert beam["sentences"] == result["sentences"] == 48
+    hypotheses, references = result["hypotheses"], [result["references"]]
+    assert result["chrf"] == CHRF(word_order=2).corpus_score(hypotheses, references).score  # chrF++
+    assert result["ter"] == TER().corpus_score(hypotheses, references).score and result["ter_line"].startswith("TER|")
+
+
+def test_paired_significance_tells_a_better_system_from_the_same_one(trained, tmp_path):
+    from transformer.evaluate import compare
+
+    tmp, _, ckpt = trained
+    translator = Translator.from_path(str(ckpt))
+    result = evaluate(translator, data_config(translator.data, {}), "val", SearchConfig(beam_size=1), "32")
+    worse = [h if i % 2 else "" for i, h in enumerate(result["hypotheses"])]  # every other translation lost
+    (tmp_path / "worse.hyp").write_text("\n".join(worse) + "\n")
+    (tmp_path / "same.hyp").write_text("\n".join(result["hypotheses"]) + "\n")
+    better, same = compare(result, str(tmp_path / "worse.hyp")), compare(result, str(tmp_path / "same.hyp"))
+    for name in ("bleu", "chrf"):
+        assert better[name]["system"] > better[name]["baseline"] and better[name]["p_bootstrap"] < 0.05
+        assert better[name]["p_randomisation"] < 0.05 and better[name]["system_ci"] > 0
+        assert same[name]["system"] == same[name]["baseline"] and same[name]["system_ci"] == same[name]["baseline_ci"]
+    assert better["ter"]["system"] < better["ter"]["baseline"] and better["ter"]["p_bootstrap"] < 0.05
+    assert "bs:1000" in better["bleu"]["signature"]
+    (tmp_path / "short.hyp").write_text("one line\n")
+    with pytest.raises(ValueError, match="has 1 lines where split val has 48 sentences"):
+        compare(result, str(tmp_path / "short.hyp"))
 
 
 @pytest.mark.slow  # end to end in subprocesses
@@ -44,6 +69,25 @@ def test_translate_command_gives_one_line_per_input_line_in_order(trained):
 
 
 @pytest.mark.slow  # end to end in subprocesses
+def test_translate_nbest_writes_the_n_best_of_each_line_as_tsv(trained):
+    tmp, trainer, ckpt = trained
+    sources = (tmp / "c" / "test.de").read_text().splitlines()[:3]
+    lines = [sources[0], "", *sources[1:]]
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer.translate", f"ckpt_path={ckpt}", "beam_size=3", "nbest=2"],
+        input="\n".join(lines) + "\n", capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 1, 2, 2, 3, 3] and rows[2][2] == ""
+    translator = Translator.from_path(str(ckpt))
+    best = translator.translate(sources, SearchConfig(beam_size=3), translator.trained_precision)
+    assert [rows[0][2], rows[3][2], rows[5][2]] == best
+    for first, second in ((rows[0], rows[1]), (rows[3], rows[4]), (rows[5], rows[6])):
+        assert float(first[1]) >= float(second[1]) and first[2] != second[2]
+
+
+@pytest.mark.slow  # end to end in subprocesses
 def test_evaluate_command_writes_hypotheses_and_scores(trained, tmp_path):
     tmp, trainer, ckpt = trained
     result = subprocess.run(
@@ -55,6 +99,18 @@ def test_evaluate_command_writes_hypotheses_and_scores(trained, tmp_path):
     scores = json.loads((tmp_path / "test.beam3.json").read_text())
     assert scores["split"] == "test" and scores["search"]["beam_size"] == 3
     assert len((tmp_path / "test.beam3.hyp").read_text().splitlines()) == 48
+    assert scores["ter"] > 0 and scores["ter_line"].startswith("TER|") and "chrF2++|" in scores["chrf_line"]
+    baseline = tmp_path / "baseline.hyp"
+    baseline.write_text("".join(line + "\n" if i % 2 else "\n" for i, line in enumerate(
+        (tmp_path / "test.beam3.hyp").read_text().splitlines())))  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer.evaluate", f"ckpt_path={ckpt}", "split=test", "beam_size=3",
+         f"compare={baseline}", f"hydra.run.dir={tmp_path / 'compared'}"], capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"paired significance against {baseline}" in result.stdout and "approximate randomisation" in result.stdout
+    compared = json.loads((tmp_path / "compared" / "test.beam3.json").read_text())["compare"]
+    assert compared["bleu"]["system"] == scores["bleu"] and compared["bleu"]["p_bootstrap"] < 0.05
 
 
 @pytest.mark.slow  # end to end in subprocesses
@@ -67,6 +123,7 @@ def test_evaluate_command_writes_hypotheses_and_scores(trained, tmp_path):
         (["ckpt_path=CKPT", "beam_size=0"], "error: beam_size=0 must be at least 1"),
         (["ckpt_path=CKPT", "data.src=en", "data.tgt=de"], "error: the checkpoint translates de->en"),
         ([], "error: ckpt_path is required"),
+        (["ckpt_path=CKPT", "compare=/nonexistent.hyp"], "error: compare=/nonexistent.hyp is not a file"),
     ],
 )
 def test_evaluate_bad_input_is_one_line(trained, args, message, tmp_path):

@@ -8,12 +8,13 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU
 
 from .cli import check_overrides, one_line_errors
 from .data import DataConfig, DataError, load_corpus
 from .inference import SearchConfig, Translator, open_translator
 from .model import RuntimeConfig
+from .significance import metrics, paired_tests
 
 
 def data_config(checkpoint_data: dict, overrides: dict) -> DataConfig:
@@ -31,8 +32,8 @@ def data_config(checkpoint_data: dict, overrides: dict) -> DataConfig:
 
 
 def evaluate(translator: Translator, data: DataConfig, split: str, search: SearchConfig, precision: str) -> dict:
-    """Translations of the split (input order; a split of the main corpus, or corpus/split of any) and their BLEU
-    and chrF against its references. A tagged corpus's sources get its tag, as in training."""
+    """Translations of the split (input order; a split of the main corpus, or corpus/split of any), its references,
+    and BLEU, chrF++ and TER against them. A tagged corpus's sources get its tag, as in training."""
     corpora = data.all_corpora()
     name, part = data.locate(split)
     if name not in corpora:
@@ -49,17 +50,40 @@ def evaluate(translator: Translator, data: DataConfig, split: str, search: Searc
     target_lengths = [len(t) + 1 for t in translator.tgt_tokenizer.encode(references)]  # BOS + target
     hypotheses = translator.translate(sources, search, precision, target_lengths, tag=corpus.tag)
     # BLEU as reported (cased, 13a) and lowercased: papers on Multi30k mostly quote tokenized lowercase BLEU,
-    # which runs higher; the two are kept apart by their sacreBLEU signatures.
-    bleu, bleu_lc, chrf = BLEU(), BLEU(lowercase=True), CHRF()
-    scores = {name: metric.corpus_score(hypotheses, [references]) for name, metric in
-              (("bleu", bleu), ("bleu_lowercase", bleu_lc), ("chrf", chrf))}  # fmt: skip
+    # which runs higher; the two are kept apart by their sacreBLEU signatures. chrF is chrF++ (word bigrams too).
+    used = {**metrics(), "bleu_lowercase": BLEU(lowercase=True)}
+    scores = {name: metric.corpus_score(hypotheses, [references]) for name, metric in used.items()}
+    lines = {
+        f"{name}_line": scores[name].format(signature=str(metric.get_signature())) for name, metric in used.items()
+    }
     return {
-        "split": split, "sentences": len(sources), **{name: s.score for name, s in scores.items()},
-        "bleu_line": scores["bleu"].format(signature=str(bleu.get_signature())),
-        "bleu_lowercase_line": scores["bleu_lowercase"].format(signature=str(bleu_lc.get_signature())),
-        "chrf_line": scores["chrf"].format(signature=str(chrf.get_signature())),
-        "search": asdict(search), "precision": precision, "hypotheses": hypotheses,
+        "split": split, "sentences": len(sources), **{name: s.score for name, s in scores.items()}, **lines,
+        "search": asdict(search), "precision": precision, "hypotheses": hypotheses, "references": references,
     }  # fmt: skip
+
+
+def check_baseline(baseline_path: str) -> None:
+    if not Path(baseline_path).is_file():
+        raise FileNotFoundError(f"compare={baseline_path} is not a file; give a baseline's hypotheses, one per line")
+
+
+def compare(result: dict, baseline_path: str) -> dict:
+    """Paired significance of this evaluation's hypotheses against a baseline's, one line per sentence of the split."""
+    check_baseline(baseline_path)
+    baseline = Path(baseline_path).read_text(encoding="utf-8").splitlines()
+    if len(baseline) != result["sentences"]:
+        raise ValueError(f"compare={baseline_path} has {len(baseline)} lines where split {result['split']} has "
+                         f"{result['sentences']} sentences; give the baseline's hypotheses of that split")  # fmt: skip
+    return {"baseline": baseline_path, **paired_tests(result["hypotheses"], baseline, result["references"])}
+
+
+def print_comparison(found: dict) -> None:
+    print(f"paired significance against {found['baseline']} (bootstrap: mean ± 95% CI):")
+    for name, label in (("bleu", "BLEU"), ("chrf", "chrF2++"), ("ter", "TER")):
+        r = found[name]
+        print(f"{label:8} this {r['system']:.2f} ({r['system_mean']:.2f} ± {r['system_ci']:.2f})  baseline "
+              f"{r['baseline']:.2f} ({r['baseline_mean']:.2f} ± {r['baseline_ci']:.2f})  p = {r['p_bootstrap']:.4f} "
+              f"(paired bootstrap), {r['p_randomisation']:.4f} (approximate randomisation)")  # fmt: skip
 
 
 @hydra.main(config_path="../configs", config_name="evaluate", version_base="1.3")
@@ -69,15 +93,22 @@ def main(cfg: DictConfig) -> None:
     translator = open_translator(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]))
     data = data_config(translator.data, plain["data"])
     search = SearchConfig.pick(plain, max_tokens=cfg.max_tokens or data.max_tokens)
+    if cfg.compare is not None:
+        check_baseline(cfg.compare)  # before decoding
     result = evaluate(
         translator, data, cfg.split or data.test_split, search, str(cfg.precision or translator.trained_precision)
     )
+    if cfg.compare is not None:
+        result["compare"] = compare(result, cfg.compare)
     out = Path(HydraConfig.get().runtime.output_dir)
     name = f"{result['split'].replace('/', '.')}.beam{search.beam_size}"
+    del result["references"]
     (out / f"{name}.hyp").write_text("".join(" ".join(h.splitlines()) + "\n" for h in result.pop("hypotheses")))
     (out / f"{name}.json").write_text(json.dumps({"checkpoint": str(cfg.ckpt_path), **result}, indent=2) + "\n")
-    for line in ("bleu_line", "bleu_lowercase_line", "chrf_line"):
+    for line in ("bleu_line", "bleu_lowercase_line", "chrf_line", "ter_line"):
         print(result[line])
+    if "compare" in result:
+        print_comparison(result["compare"])
     print(f"hypotheses and scores: {out / name}.hyp, .json")
 
 

@@ -73,17 +73,28 @@ class Translator:
                   tag: str | None = None) -> list[str]:  # fmt: skip
         """One translation per text, in order; empty texts give empty translations. `target_lengths`: see search.
         `tag`: a corpus tag the model was trained with (e.g. <news>), put before every source as in training."""
+        return [h[0][1] if h else "" for h in self.translate_nbest(texts, search, 1, precision, target_lengths, tag)]
+
+    def translate_nbest(self, texts: list[str], search: SearchConfig, nbest: int, precision: str = "32",
+                        target_lengths=None, tag: str | None = None) -> list[list[tuple[float, str]]]:  # fmt: skip
+        """Up to nbest (score, translation) per text, best first (beam search's scores; nbest=1 with beam_size=1:
+        greedy's translation, unscored); an empty text gives [(0.0, "")]."""
         ids = self.src_tokenizer.encode(texts, tag)
         longest = self.max_source_tokens
         for length in [len(s) for s in ids if len(s) > longest]:
             message = f"an input of {length} tokens was translated up to its first {longest} (model.max_positions)"
             warnings.warn(message, stacklevel=2)
-        hypotheses = self.search([s[:longest] for s in ids], search, precision, target_lengths)
-        outputs = self.tgt_tokenizer.decode([h[0].tokens if h else [] for h in hypotheses])  # none: non-finite scores
-        return ["" if not text.strip() else out for text, out in zip(texts, outputs)]
+        found = self.search([s[:longest] for s in ids], search, precision, target_lengths, nbest)
+        texts_out = iter(self.tgt_tokenizer.decode([h.tokens for hyps in found for h in hyps]))
+        translated = [[(h.score, next(texts_out)) for h in hyps] for hyps in found]  # none: non-finite scores
+        return [[(0.0, "")] if not text.strip() else hyps for text, hyps in zip(texts, translated)]
 
-    def search(self, sources: list[list[int]], search: SearchConfig, precision: str = "32", target_lengths=None):
-        """Best hypotheses per source (ids without EOS), in input order, decoded in the batches `batches` makes."""
+    def search(self, sources: list[list[int]], search: SearchConfig, precision: str = "32", target_lengths=None,
+               nbest: int = 1):  # fmt: skip
+        """The nbest best hypotheses per source (ids without EOS), in input order, decoded in the batches `batches`
+        makes."""
+        if not 1 <= nbest <= search.beam_size:
+            raise ValueError(f"nbest={nbest} must be between 1 and beam_size={search.beam_size}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
         results: list = [None] * len(sources)
@@ -92,7 +103,7 @@ class Translator:
         )
         for batch, src in self.batches(sources, search, target_lengths):
             with autocast:
-                found = self._search(src, search)
+                found = self._search(src, search, nbest)
             for i, hypotheses in zip(batch, found):
                 results[i] = hypotheses
         return results
@@ -117,7 +128,7 @@ class Translator:
                 src[row, : len(sources[i]) + 1] = torch.tensor(sources[i] + [eos])
             yield batch, src.to(self.device)
 
-    def _search(self, src: torch.Tensor, search: SearchConfig):
+    def _search(self, src: torch.Tensor, search: SearchConfig, nbest: int = 1):
         bos, eos = self.tgt_tokenizer.bos_id, self.tgt_tokenizer.eos_id
         if search.beam_size == 1:  # the same function as validation, so that scores match it (unscored)
             found = greedy_search(self.model, src, bos, eos, search.max_len_a, search.max_len_b, search.use_cache)
@@ -125,7 +136,7 @@ class Translator:
         return beam_search(
             self.model, src, bos, eos, beam_size=search.beam_size, length_penalty=search.length_penalty,
             max_len_a=search.max_len_a, max_len_b=search.max_len_b, use_cache=search.use_cache,
-            early_stopping=search.early_stopping,
+            early_stopping=search.early_stopping, nbest=nbest,
         )  # fmt: skip
 
 

@@ -67,9 +67,8 @@ class TrainConfig:
 class EvaluateConfig(SearchConfig):
     ckpt_path: str = MISSING  # a training checkpoint, or a folder transformer.export wrote
     split: str | None = None  # null: the checkpoint's test split; a split of its main corpus, or corpus/split
-    max_tokens: int | None = (
-        None  # padded tokens per batch (either side) x beam_size; null: the checkpoint's data.max_tokens
-    )
+    max_tokens: int | None = None  # padded tokens a batch holds x beam_size; null: the checkpoint's data.max_tokens
+    compare: str | None = None  # a baseline's hypotheses of the split: paired significance of this one against it
     precision: str | None = None  # 32 or bf16; null: as the checkpoint was trained
     device: str = "cpu"
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -82,6 +81,7 @@ class TranslateConfig(SearchConfig):
     input: str | None = None  # a text file; null: standard input
     max_lines: int = 256  # lines per batch at most
     tag: str | None = None  # a corpus tag the model was trained with, e.g. <news>: put before every input line
+    nbest: int | None = None  # N: the N best of each line, as TSV lines `line index<TAB>score<TAB>translation`
     precision: str | None = None
     device: str = "cpu"
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)

@@ -40,15 +40,24 @@ def main(cfg: DictConfig) -> None:
         raise FileNotFoundError(f"input={cfg.input} is not a file; give a text file, or none to read standard input")
     if cfg.tag is not None:
         translator.src_tokenizer.tag_id(cfg.tag)  # an unknown tag fails here, before any input is read
+    if cfg.nbest is not None and not 1 <= cfg.nbest <= search.beam_size:
+        raise ValueError(f"nbest={cfg.nbest} must be between 1 and beam_size={search.beam_size}; raise beam_size")
     fd = os.open(cfg.input, os.O_RDONLY) if cfg.input else sys.stdin.fileno()
+    done = 0  # input lines so far: the nbest lines' index
     for lines in arriving_lines(fd, cfg.max_lines):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            translations = translator.translate(lines, search, precision, tag=cfg.tag)
+            found = translator.translate_nbest(lines, search, cfg.nbest or 1, precision, tag=cfg.tag)
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
-        try:  # one line each: any line separator a translation holds becomes a space
-            sys.stdout.write("".join(" ".join(t.splitlines()) + "\n" for t in translations))
+        if cfg.nbest is None:  # one line each: any line separator a translation holds becomes a space
+            out = [" ".join(hyps[0][1].splitlines()) if hyps else "" for hyps in found]
+        else:
+            out = [f"{done + i}\t{score:.4f}\t{' '.join(text.splitlines())}" for i, hyps in enumerate(found)
+                   for score, text in hyps]  # fmt: skip
+        done += len(lines)
+        try:
+            sys.stdout.write("".join(line + "\n" for line in out))
             sys.stdout.flush()
         except BrokenPipeError:  # the reader has gone (e.g. `| head`)
             sys.stderr.close()

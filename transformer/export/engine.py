@@ -14,8 +14,14 @@ def is_export(path: str | Path) -> bool:
 
 
 def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search,
-                       eos_piece: str) -> list:  # fmt: skip
-    """The best hypothesis's token ids per source (ids without EOS), each decoded with SearchConfig `search` and
+                       eos_piece: str) -> list[list[int]]:  # fmt: skip
+    """The best hypothesis's token ids per source (ids without EOS): ctranslate2_nbest's first."""
+    return [hyps[0][1] for hyps in ctranslate2_nbest(engine, src_pieces, tgt_pieces, sources, search, eos_piece, 1)]
+
+
+def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search,
+                      eos_piece: str, nbest: int) -> list[list[tuple[float, list[int]]]]:  # fmt: skip
+    """The nbest best hypotheses per source, (score, token ids without EOS), each decoded with SearchConfig `search` and
     its max-length rule, int(a * (source tokens + EOS) + b). As in our search, EOS may come first
     (min_decoding_length=0) and counts in the length that normalises scores (return_end_token). CTranslate2 stops a
     sentence at beam_size finished hypotheses: ours does with search.early_stopping.
@@ -27,7 +33,7 @@ def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sou
     longest is shorter than its own limit decoded as it would have under it; the few others decode again, one call
     per limit."""
     limits = [int(search.max_len_a * (len(s) + 1) + search.max_len_b) for s in sources]
-    found: list[list[int]] = [[] for _ in sources]
+    found: list[list[tuple[float, list[int]]]] = [[] for _ in sources]
     tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
     calls = [(max(limits, default=0), list(range(len(sources))))]
     while calls:
@@ -35,7 +41,7 @@ def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sou
         results = engine.translate_batch(
             [[src_pieces[t] for t in sources[i]] for i in group], beam_size=search.beam_size,
             num_hypotheses=search.beam_size, length_penalty=search.length_penalty, max_decoding_length=max_length,
-            min_decoding_length=0, return_end_token=True, max_batch_size=8192, batch_type="tokens",
+            min_decoding_length=0, return_end_token=True, return_scores=True, max_batch_size=8192, batch_type="tokens",
         )  # fmt: skip
         again = []
         for i, result in zip(group, results):
@@ -43,8 +49,10 @@ def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sou
             if not exact and max(map(len, result.hypotheses)) >= limits[i]:
                 again.append(i)
                 continue
-            best = result.hypotheses[0]
-            found[i] = [tgt_ids[p] for p in (best[:-1] if best and best[-1] == eos_piece else best)[: limits[i]]]
+            found[i] = [
+                (score, [tgt_ids[p] for p in (h[:-1] if h and h[-1] == eos_piece else h)[: limits[i]]])
+                for score, h in zip(result.scores[:nbest], result.hypotheses[:nbest])
+            ]
         calls += [
             (limit, list(g)) for limit, g in groupby(sorted(again, key=limits.__getitem__), key=limits.__getitem__)
         ]
@@ -70,6 +78,15 @@ class ExportedTranslator:
     def translate(self, texts: list[str], search, precision: str = "32", target_lengths=None,
                   tag: str | None = None) -> list[str]:  # fmt: skip
         """As Translator.translate: one translation per text, empty texts give empty translations."""
+        return [h[0][1] for h in self.translate_nbest(texts, search, 1, precision, target_lengths, tag)]
+
+    def translate_nbest(self, texts: list[str], search, nbest: int, precision: str = "32", target_lengths=None,
+                        tag: str | None = None) -> list[list[tuple[float, str]]]:  # fmt: skip
+        """As Translator.translate_nbest."""
+        if not 1 <= nbest <= search.beam_size:
+            raise ValueError(f"nbest={nbest} must be between 1 and beam_size={search.beam_size}")
         ids = self.src_tokenizer.encode(texts, tag)
-        outputs = self.tgt_tokenizer.decode(ctranslate2_search(self.engine, *self.pieces, ids, search, self.eos_piece))
-        return ["" if not text.strip() else out for text, out in zip(texts, outputs)]
+        found = ctranslate2_nbest(self.engine, *self.pieces, ids, search, self.eos_piece, nbest)
+        texts_out = iter(self.tgt_tokenizer.decode([h for hyps in found for _, h in hyps]))
+        translated = [[(score, next(texts_out)) for score, _ in hyps] for hyps in found]
+        return [[(0.0, "")] if not text.strip() else hyps for text, hyps in zip(texts, translated)]

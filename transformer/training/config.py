@@ -6,6 +6,7 @@ from ..config_check import check_field_types
 from ..decoding import MAX_LEN_A, MAX_LEN_B
 
 SCHEDULES = ("inverse_sqrt", "cosine")
+BEST_METRICS = ("bleu", "chrf")
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,11 @@ class ValidationConfig:
     max_len_a: float = MAX_LEN_A  # hypotheses stop at a * source length + b tokens
     max_len_b: int = MAX_LEN_B
     text_examples: int = 3  # source/reference/hypothesis triples shown in TensorBoard
+    best_metric: str = "bleu"  # bleu or chrf (chrF++): what the best checkpoints are kept by (val/{best_metric})
 
     def __post_init__(self):
         check_field_types(self, "validation")
+        if self.best_metric not in BEST_METRICS:
+            raise ValueError(f"validation.best_metric={self.best_metric!r} is not one of {', '.join(BEST_METRICS)}")
         if self.bleu_max_sentences is not None and self.bleu_max_sentences < 1:
             raise ValueError(f"validation.bleu_max_sentences={self.bleu_max_sentences} must be at least 1, or null")

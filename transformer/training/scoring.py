@@ -1,23 +1,23 @@
-"""Validation BLEU and chrF: greedy translations of the validation sources against their raw references."""
+"""Validation BLEU and chrF++: greedy translations of the validation sources against their raw references."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from sacrebleu.metrics import BLEU, CHRF
 from torch import Tensor
 
 from ..data import SentencePiece
 from ..decoding import greedy_search
 from ..distributed import every_rank
 from ..model import EncoderDecoder
+from ..significance import metrics
 from .config import ValidationConfig
 
 
 @dataclass(frozen=True)
 class Score:
     bleu: float
-    chrf: float
+    chrf: float  # chrF++
     signature: str  # sacreBLEU's BLEU signature, e.g. nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1
     examples: list[tuple[str, str, str]]  # (source, reference, hypothesis) of the first sentences by index
 
@@ -50,7 +50,8 @@ class BleuScorer:
         index = sorted(hypotheses)
         texts = self.tokenizer.decode([hypotheses[i] for i in index])
         references = [self.references[i] for i in index]
-        bleu, chrf = BLEU(), CHRF()
+        used = metrics()  # evaluate's: BLEU and chrF++
+        bleu, chrf = used["bleu"], used["chrf"]
         bleu_score = bleu.corpus_score(texts, [references]).score
         chrf_score = chrf.corpus_score(texts, [references]).score
         shown = range(min(self.cfg.text_examples, len(index)))
