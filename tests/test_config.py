@@ -120,3 +120,9 @@ def test_best_checkpoints_are_kept_by_the_validation_metric_asked(metric):
     assert OmegaConf.select(cfg, "callbacks.best_checkpoint.filename").endswith(f"-{metric}{{val/{metric}:.2f}}")
     with pytest.raises(ValueError, match="validation.best_metric='ter' is not one of bleu, chrf"):
         ValidationConfig(best_metric="ter")
+
+
+def test_loader_workers_start_only_in_a_way_python_knows():
+    assert DataConfig(worker_start="forkserver").worker_start == "forkserver"
+    with pytest.raises(ValueError, match="data.worker_start='thread' is not one of fork, forkserver, spawn"):
+        DataConfig(worker_start="thread")

@@ -229,7 +229,7 @@ def test_two_ddp_ranks_stopped_and_resumed_train_exactly_as_never_stopped(tmp_pa
     write_text_corpus(tmp_path / "main")
     common = [
         *tiny_data(tmp_path / "main", tmp_path / "cache"), "model=tiny", f"data.streaming={str(streaming).lower()}",
-        "data.num_workers=1",
+        "data.num_workers=1", "data.worker_start=forkserver",  # a fork of a DDP rank could wait forever on a lock
         "data.buffer_pairs=60", "data.max_tokens=160", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
         "trainer.precision=32", "~logger", "trainer.enable_progress_bar=false", "trainer.check_val_every_n_epoch=50",
         "+callbacks.recorder._target_=tests.helpers.runs.LossFile",

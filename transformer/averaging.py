@@ -42,14 +42,20 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
             raise ValueError(f"{path} is a different model than {loaded[-1][1]}; average checkpoints of one run")
         if checkpoint.get("tokenizers") != newest.get("tokenizers"):
             raise ValueError(f"{path} has other tokenizers than {loaded[-1][1]}; average checkpoints of one run")
-    state = {}
-    for name, value in newest["state_dict"].items():
-        tensors = [checkpoint["state_dict"][name] for checkpoint, _ in loaded]
-        if value.is_floating_point():
-            state[name] = torch.stack([t.double() for t in tensors]).mean(0).to(value.dtype)
-        else:
-            state[name] = value
     averaged = {k: newest[k] for k in KEEP if k in newest}
-    averaged["state_dict"] = state
+    averaged["state_dict"] = mean_state([checkpoint["state_dict"] for checkpoint, _ in loaded])
+    if all("ema_state_dict" in checkpoint for checkpoint, _ in loaded):  # the weight averages too (optim.ema_decay)
+        averaged["ema_state_dict"] = mean_state([checkpoint["ema_state_dict"] for checkpoint, _ in loaded])
     averaged["averaged_from"] = [str(p) for _, p in loaded]
     return averaged
+
+
+def mean_state(states: list[dict]) -> dict:
+    """Floating-point tensors averaged in float64 and cast back; others as the last state has them."""
+    mean = {}
+    for name, value in states[-1].items():
+        if value.is_floating_point():
+            mean[name] = torch.stack([state[name].double() for state in states]).mean(0).to(value.dtype)
+        else:
+            mean[name] = value
+    return mean

@@ -90,7 +90,7 @@ def print_comparison(found: dict) -> None:
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)
-    translator = open_translator(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]))
+    translator = open_translator(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]), cfg.ema)
     data = data_config(translator.data, plain["data"])
     search = SearchConfig.pick(plain, max_tokens=cfg.max_tokens or data.max_tokens)
     if cfg.compare is not None:

@@ -43,14 +43,23 @@ class Translator:
     (corpus and languages) it was trained with."""
 
     def __init__(self, checkpoint: dict, path: str = "checkpoint", device: str = "cpu",
-                 runtime: RuntimeConfig | None = None):  # fmt: skip
-        """`runtime`: how this model runs here (attention backend, ...), whatever the training chose."""
+                 runtime: RuntimeConfig | None = None, ema: bool = False):  # fmt: skip
+        """`runtime`: how this model runs here (attention backend, ...), whatever the training chose. `ema`: the
+        weights' moving average (optim.ema_decay) instead of the weights."""
         hparams = checkpoint["hyper_parameters"]
         if "tokenizers" not in checkpoint:
             raise ValueError(f"{path} holds no tokenizers (it was not written by training); use a training checkpoint")
+        if ema and "ema_state_dict" not in checkpoint:
+            raise ValueError(
+                f"ckpt_path={path} holds no weight average (trained without optim.ema_decay); drop ema=true"
+            )
         self.model_config = ModelConfig.from_dict(hparams["model"])
         self.model = build_model(self.model_config, runtime or RuntimeConfig())
-        weights = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+        state = checkpoint["ema_state_dict" if ema else "state_dict"]
+        weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+        if ema:  # the average covers the parameters; buffers (none that training changes) come from the weights
+            weights = {**{k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()
+                          if k.startswith("model.")}, **weights}  # fmt: skip
         self.model.load_state_dict(weights)
         self.model.to(device).eval()
         self.src_tokenizer = SentencePiece(model=checkpoint["tokenizers"]["src"])
@@ -61,10 +70,11 @@ class Translator:
         self.max_source_tokens = self.model_config.max_positions - 1  # one position for EOS
 
     @classmethod
-    def from_path(cls, path: str, device: str = "cpu", runtime: RuntimeConfig | None = None) -> "Translator":
+    def from_path(cls, path: str, device: str = "cpu", runtime: RuntimeConfig | None = None,
+                  ema: bool = False) -> "Translator":  # fmt: skip
         checkpoint = load_checkpoint(path)
         try:
-            return cls(checkpoint, path, device, runtime)
+            return cls(checkpoint, path, device, runtime, ema)
         except (KeyError, TypeError, RuntimeError) as e:
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ValueError(f"ckpt_path={path} is not a usable checkpoint of this project ({reason})") from None
@@ -140,9 +150,14 @@ class Translator:
         )  # fmt: skip
 
 
-def open_translator(path: str, device: str = "cpu", runtime: RuntimeConfig | None = None):
-    """A training checkpoint as a Translator, or a folder `python -m transformer.export` wrote as its CTranslate2
-    counterpart (the same translate() and tokenizers; `runtime` does not apply to it)."""
+def open_translator(path: str, device: str = "cpu", runtime: RuntimeConfig | None = None, ema: bool = False):
+    """A training checkpoint as a Translator (`ema`: with its weights' moving average), or a folder
+    `python -m transformer.export` wrote as its CTranslate2 counterpart (the same translate() and tokenizers;
+    `runtime` does not apply to it)."""
     from .export.engine import ExportedTranslator, is_export
 
-    return ExportedTranslator(path, device) if is_export(path) else Translator.from_path(path, device, runtime)
+    if not is_export(path):
+        return Translator.from_path(path, device, runtime, ema)
+    if ema:
+        raise ValueError(f"ema=true reads a training checkpoint's weight average; {path} is an exported folder")
+    return ExportedTranslator(path, device)

@@ -70,6 +70,7 @@ class EvaluateConfig(SearchConfig):
     max_tokens: int | None = None  # padded tokens a batch holds x beam_size; null: the checkpoint's data.max_tokens
     compare: str | None = None  # a baseline's hypotheses of the split: paired significance of this one against it
     precision: str | None = None  # 32 or bf16; null: as the checkpoint was trained
+    ema: bool = False  # the weights' moving average (a checkpoint trained with optim.ema_decay)
     device: str = "cpu"
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     data: DataChoice = field(default_factory=DataChoice)
@@ -83,6 +84,7 @@ class TranslateConfig(SearchConfig):
     tag: str | None = None  # a corpus tag the model was trained with, e.g. <news>: put before every input line
     nbest: int | None = None  # N: the N best of each line, as TSV lines `line index<TAB>score<TAB>translation`
     precision: str | None = None
+    ema: bool = False  # the weights' moving average (a checkpoint trained with optim.ema_decay)
     device: str = "cpu"
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 

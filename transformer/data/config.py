@@ -74,9 +74,14 @@ class DataConfig(CorpusConfig):
     seed: int = 1
     cache_dir: str = "data/cache"
     num_workers: int = 0
+    # how loader workers start: fork (Linux's default), forkserver or spawn; forkserver avoids forking a process
+    # whose other threads (DDP's, the intra-op pool) may hold a lock, which can leave a worker waiting forever
+    worker_start: str | None = None
 
     def __post_init__(self):
         super().__post_init__()
+        if self.worker_start not in (None, "fork", "forkserver", "spawn"):
+            raise ValueError(f"data.worker_start={self.worker_start!r} is not one of fork, forkserver, spawn (or null)")
         corpora = {k: v if isinstance(v, CorpusConfig) else _corpus(k, v) for k, v in self.corpora.items()}
         object.__setattr__(self, "corpora", corpora)
         for name, value, choices in (

@@ -92,13 +92,16 @@ class TranslationDataModule(pl.LightningDataModule):
         """Every corpus's training split, in the mixture's order."""
         return [self.data.corpora[name][c.train_split] for name, c in self.cfg.all_corpora().items()]
 
+    def _worker_start(self) -> str | None:
+        return self.cfg.worker_start if self.cfg.num_workers > 0 else None  # a start method needs workers
+
     def _loader(self, ds: datasets.Dataset, shuffle: bool, num_replicas: int = 1, rank: int = 0,
                 mixture: Mixture | None = None) -> DataLoader:  # fmt: skip
         sampler = TokenBatchSampler(example_lengths(ds), self.cfg.max_tokens, shuffle=shuffle, seed=self.cfg.seed,
                                     num_replicas=num_replicas, rank=rank, mixture=mixture)  # fmt: skip
         return DataLoader(
             TokenDataset(ds), batch_sampler=sampler, collate_fn=self._collate(),
-            num_workers=self.cfg.num_workers,
+            num_workers=self.cfg.num_workers, multiprocessing_context=self._worker_start(),
             # its own generator: starting an iteration otherwise draws from the global RNG, which dropout
             # uses, and a resumed run would then see different dropout masks than an uninterrupted one
             generator=torch.Generator().manual_seed(self.cfg.seed),
@@ -127,7 +130,7 @@ class TranslationDataModule(pl.LightningDataModule):
         )  # fmt: skip
         self.stream_position = StreamPosition(self.cfg.num_workers)
         self._restore_sampler()
-        return StreamLoader(dataset, self.stream_position, self.cfg.num_workers, self.cfg.seed)
+        return StreamLoader(dataset, self.stream_position, self.cfg.num_workers, self.cfg.seed, self._worker_start())
 
     def _epoch_batches(self) -> int:
         """About as many batches as the in-memory sampler makes of an epoch's pairs (from prepare's mean lengths;
@@ -196,9 +199,14 @@ class StreamLoader(DataLoader):
     """A DataLoader over StreamingBatches that hands the streams their place before each pass (loader workers are
     new processes each epoch), and knows its epoch's length."""
 
-    def __init__(self, dataset: StreamingBatches, position: StreamPosition, num_workers: int, seed: int):
+    def __init__(self, dataset: StreamingBatches, position: StreamPosition, num_workers: int, seed: int,
+                 worker_start: str | None = None):  # fmt: skip
         super().__init__(
-            dataset, batch_size=None, num_workers=num_workers, generator=torch.Generator().manual_seed(seed)
+            dataset,
+            batch_size=None,
+            num_workers=num_workers,
+            generator=torch.Generator().manual_seed(seed),
+            multiprocessing_context=worker_start,
         )  # fmt: skip  (as _loader: not the global RNG)
         self.position = position
 

@@ -18,9 +18,12 @@ class OptimConfig:
     warmup_steps: int = 400  # all recorded runs; 800 would outlast the default run (5 epochs, ~625 steps)
     schedule: str = "inverse_sqrt"  # the paper's; cosine decays to zero at the last step
     label_smoothing: float = 0.1
+    ema_decay: float | None = None  # an exponential moving average of the weights, validated with and checkpointed
 
     def __post_init__(self):
         check_field_types(self, "optim")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ValueError(f"optim.ema_decay={self.ema_decay} must be between 0 and 1 (e.g. 0.999), or null")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"optim.schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
 

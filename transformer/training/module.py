@@ -11,6 +11,7 @@ from ..data import TranslationDataModule
 from ..model import ModelConfig, RuntimeConfig, build_model
 from ..model.loss import batch_loss_sum
 from .config import OptimConfig, ValidationConfig
+from .ema import WeightAverage
 from .errors import TrainingError
 from .exact_resume import ExactResume
 from .scoring import BleuScorer, Score
@@ -45,6 +46,8 @@ class TranslationModule(pl.LightningModule):
         self.last_score: Score | None = None  # the main dev set's
         self._val_sums: dict[int, list] = {}  # per dev set (dataloader index): [NLL, target tokens] so far
         self.skipped_steps, self._skipped_in_a_row = 0, 0  # fp16 steps the gradient scaler skipped
+        decay = self.optim_config.ema_decay
+        self.weight_average = None if decay is None else WeightAverage(decay)  # validated with, when set
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)
@@ -66,6 +69,12 @@ class TranslationModule(pl.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=tokens)
         self._last_batch = (batch_idx, loss, batch["index"][:8])  # named if gradients blow up
         return loss_sum
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """The step; then the weights' average takes it in, before any callback can checkpoint this batch."""
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        if self.weight_average is not None:
+            self.weight_average.update(self.model)
 
     def _gradient_scale(self) -> float | torch.Tensor:
         """What turns the accumulated gradients into gradients per target token of the optimizer step: Lightning
@@ -132,6 +141,10 @@ class TranslationModule(pl.LightningModule):
             return False
         return self.validations % every == 0
 
+    def on_validation_epoch_start(self) -> None:
+        if self.weight_average is not None:  # validation scores the average; training goes on from its weights
+            self.weight_average.swap_in(self.model)
+
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         nll, _ = self._loss_sum(batch, 0.0)  # unsmoothed, so that val/ppl is a perplexity
         sums = self._val_sums.setdefault(dataloader_idx, [0.0, 0])
@@ -168,6 +181,8 @@ class TranslationModule(pl.LightningModule):
         self._val_sums = {}
         if not self.trainer.sanity_checking:
             self.validations += 1
+        if self.weight_average is not None:  # before any checkpoint is written (on_validation_end)
+            self.weight_average.swap_out(self.model)
 
     # Optimisation
 
@@ -190,9 +205,15 @@ class TranslationModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["precision"] = str(self.trainer.precision)  # evaluation decodes as validation did
+        if self.weight_average is not None and self.weight_average.shadow is not None:
+            checkpoint["ema_state_dict"] = self.weight_average.state_dict(prefix="model.")  # as state_dict's names
         data = getattr(self.trainer, "datamodule", None)
         if isinstance(data, TranslationDataModule):
             checkpoint.update(data.checkpoint_extras())  # "tokenizers", and "data" for evaluate's defaults
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.weight_average is not None and "ema_state_dict" in checkpoint:
+            self.weight_average.load_state_dict(checkpoint["ema_state_dict"], self.model, prefix="model.")
 
     def configure_callbacks(self) -> list[pl.Callback]:
         return [ExactResume()]  # whatever callbacks a config lists, a resumed run continues exactly

@@ -1,0 +1,86 @@
+"""The weights' moving average (optim.ema_decay): its arithmetic, validation with it, checkpoints, exact resume."""
+
+import pytest
+import torch
+from torch import nn
+
+from transformer.inference import Translator
+from transformer.training.ema import WeightAverage
+
+from .helpers import RECORD, LossRecorder, callback, run_train, tiny_data, write_text_corpus
+
+
+def test_the_average_follows_each_update_and_stands_in_only_while_swapped():
+    model = nn.Linear(3, 2)
+    average, first = WeightAverage(0.75), model.weight.detach().clone()
+    average.update(model)  # starts as the weights
+    with torch.no_grad():
+        model.weight.add_(4.0)
+    average.update(model)
+    torch.testing.assert_close(average.shadow["weight"], 0.75 * first + 0.25 * (first + 4.0))
+    trained = model.weight.detach().clone()
+    average.swap_in(model)
+    torch.testing.assert_close(model.weight.detach(), average.shadow["weight"])
+    average.swap_out(model)
+    assert torch.equal(model.weight.detach(), trained)
+    restored = WeightAverage(0.75)
+    restored.load_state_dict(average.state_dict(prefix="model."), model, prefix="model.")
+    assert torch.equal(restored.shadow["bias"], average.shadow["bias"])
+
+
+@pytest.fixture(scope="module")
+def ema_runs(tmp_path_factory):
+    """15 steps with and without the average (same seed); and with it, stopped after step 7 and resumed."""
+    tmp = tmp_path_factory.mktemp("ema")
+    write_text_corpus(tmp / "c")
+    common = [*tiny_data(tmp / "c", tmp / "cache"), *RECORD, "model=tiny", "trainer.precision=32", "~logger",
+              "trainer.max_steps=15", "trainer.val_check_interval=5", "trainer.enable_progress_bar=false",
+              "optim.warmup_steps=5"]  # fmt: skip
+    plain = run_train(tmp / "plain", common)
+    averaged = run_train(tmp / "ema", [*common, "optim.ema_decay=0.8"])
+    with pytest.raises(SystemExit):
+        run_train(tmp / "stopped", [*common, "optim.ema_decay=0.8", "+callbacks.signal_at.step=6",
+                                    "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt"])  # fmt: skip
+    resumed = run_train(tmp / "stopped", [*common, "optim.ema_decay=0.8", "ckpt_path=last"])
+    return tmp, plain, averaged, resumed
+
+
+@pytest.mark.slow  # four small training runs
+def test_validation_scores_the_average_while_training_follows_the_weights(ema_runs):
+    tmp, plain, averaged, _ = ema_runs
+    assert callback(plain, LossRecorder).losses == callback(averaged, LossRecorder).losses  # training unchanged
+    for p, q in zip(plain.lightning_module.model.parameters(), averaged.lightning_module.model.parameters()):
+        torch.testing.assert_close(p, q)
+    assert averaged.callback_metrics["val/loss"] != plain.callback_metrics["val/loss"]  # validated with the average
+    checkpoint = torch.load(tmp / "ema" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "ema_state_dict" not in torch.load(tmp / "plain" / "checkpoints" / "last.ckpt", weights_only=True)
+    name = next(k for k in checkpoint["ema_state_dict"] if k.endswith("in_proj_weight"))
+    assert not torch.equal(checkpoint["ema_state_dict"][name], checkpoint["state_dict"][name])
+    translator = Translator.from_path(str(tmp / "ema" / "checkpoints" / "last.ckpt"), ema=True)
+    assert torch.equal(translator.model.state_dict()[name.removeprefix("model.")], checkpoint["ema_state_dict"][name])
+    with pytest.raises(ValueError, match="holds no weight average .* drop ema=true"):
+        Translator.from_path(str(tmp / "plain" / "checkpoints" / "last.ckpt"), ema=True)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_the_average_exactly(ema_runs):
+    tmp, _, averaged, resumed = ema_runs
+    a, b = averaged.lightning_module.weight_average.shadow, resumed.lightning_module.weight_average.shadow
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_checkpoint_averaging_averages_the_weight_averages_too(tmp_path):
+    from transformer.averaging import average_checkpoints
+
+    paths = []
+    for step in (1, 2):
+        state = {"model.w": torch.full((2,), float(step))}
+        checkpoint = {"hyper_parameters": {"model": {}}, "global_step": step, "state_dict": state,
+                      "ema_state_dict": {"model.w": torch.full((2,), 10.0 * step)}}  # fmt: skip
+        torch.save(checkpoint, tmp_path / f"{step}.ckpt")
+        paths.append(tmp_path / f"{step}.ckpt")
+    averaged = average_checkpoints(paths)
+    assert torch.equal(averaged["state_dict"]["model.w"], torch.full((2,), 1.5))
+    assert torch.equal(averaged["ema_state_dict"]["model.w"], torch.full((2,), 15.0))

@@ -1,0 +1,58 @@
+"""An exponential moving average of the weights: updated after every optimizer step, validated with, checkpointed."""
+
+import torch
+from torch import nn
+
+
+class WeightAverage:
+    """shadow <- decay * shadow + (1 - decay) * weights after each optimizer step, for every floating-point
+    parameter; it starts as the weights of the first update (or as a checkpoint's). `swapped_in` puts it in the
+    model's place until `swapped_out` (validation), leaving the training weights as they were."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.shadow: dict[str, torch.Tensor] | None = None
+        self._training: list[torch.Tensor] | None = None  # the weights while the average stands in
+
+    @staticmethod
+    def _params(model: nn.Module) -> dict[str, torch.Tensor]:
+        return {name: p for name, p in model.named_parameters() if p.is_floating_point()}
+
+    def _follow(self, params: dict[str, torch.Tensor]) -> None:
+        """The average on the weights' device (a checkpoint's loads before the model moves)."""
+        first = next(iter(params.values()))
+        if next(iter(self.shadow.values())).device != first.device:
+            self.shadow = {name: t.to(first.device) for name, t in self.shadow.items()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        params = self._params(model)
+        if self.shadow is None:
+            self.shadow = {name: p.detach().clone() for name, p in params.items()}
+            return
+        self._follow(params)
+        torch._foreach_lerp_(list(self.shadow.values()), [params[n].detach() for n in self.shadow], 1 - self.decay)
+
+    @torch.no_grad()
+    def swap_in(self, model: nn.Module) -> None:
+        if self.shadow is None or self._training is not None:
+            return
+        params = self._params(model)
+        self._follow(params)
+        self._training = [params[n].detach().clone() for n in self.shadow]
+        torch._foreach_copy_([params[n] for n in self.shadow], list(self.shadow.values()))
+
+    @torch.no_grad()
+    def swap_out(self, model: nn.Module) -> None:
+        if self._training is None:
+            return
+        params = self._params(model)
+        torch._foreach_copy_([params[n] for n in self.shadow], self._training)
+        self._training = None
+
+    def state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        return {prefix + name: t.detach().cpu().clone() for name, t in (self.shadow or {}).items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], model: nn.Module, prefix: str = "") -> None:
+        params = self._params(model)
+        self.shadow = {name: state[prefix + name].to(p.device, p.dtype).clone() for name, p in params.items()}
