@@ -30,6 +30,7 @@ def test_evaluate_with_greedy_search_reproduces_the_validation_bleu(trained):
 
 
 def test_paired_significance_tells_a_better_system_from_the_same_one(trained, tmp_path):
+    from transformer.cli import read_lines
     from transformer.evaluate import compare
 
     tmp, _, ckpt = trained
@@ -38,7 +39,9 @@ def test_paired_significance_tells_a_better_system_from_the_same_one(trained, tm
     worse = [h if i % 2 else "" for i, h in enumerate(result["hypotheses"])]  # every other translation lost
     (tmp_path / "worse.hyp").write_text("\n".join(worse) + "\n")
     (tmp_path / "same.hyp").write_text("\n".join(result["hypotheses"]) + "\n")
-    better, same = compare(result, str(tmp_path / "worse.hyp")), compare(result, str(tmp_path / "same.hyp"))
+    better, same = (
+        compare(result, str(tmp_path / f), read_lines(str(tmp_path / f), "compare")) for f in ("worse.hyp", "same.hyp")
+    )
     for name in ("bleu", "chrf"):
         assert better[name]["system"] > better[name]["baseline"] and better[name]["p_bootstrap"] < 0.05
         assert better[name]["p_randomisation"] < 0.05 and better[name]["system_ci"] > 0
@@ -47,7 +50,7 @@ def test_paired_significance_tells_a_better_system_from_the_same_one(trained, tm
     assert "bs:1000" in better["bleu"]["signature"]
     (tmp_path / "short.hyp").write_text("one line\n")
     with pytest.raises(ValueError, match="has 1 lines where split val has 48 sentences"):
-        compare(result, str(tmp_path / "short.hyp"))
+        compare(result, str(tmp_path / "short.hyp"), read_lines(str(tmp_path / "short.hyp"), "compare"))
 
 
 @pytest.mark.slow  # end to end in subprocesses

@@ -35,6 +35,13 @@ def one_line_errors(main):
     return wrapper
 
 
+def read_lines(path: str, key: str) -> list[str]:
+    """A command's text-file input (`key=path`), one sentence per line; a one-line error if it is not a file."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{key}={path} is not a file; give a text file with one sentence per line")
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
 def check_overrides(config_name: str, argv: list[str]):
     """Compose the config once with the command line's overrides, so that an unknown key or group option
     fails in one line (Hydra's own report spans several); returns it, with its hydra node. Flags (-m, --cfg,

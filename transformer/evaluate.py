@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from sacrebleu.metrics import BLEU
 
-from .cli import check_overrides, one_line_errors
+from .cli import check_overrides, one_line_errors, read_lines
 from .data import DataConfig, DataError, load_corpus
 from .inference import SearchConfig, Translator, open_translator
 from .model import RuntimeConfig
@@ -62,15 +62,9 @@ def evaluate(translator: Translator, data: DataConfig, split: str, search: Searc
     }  # fmt: skip
 
 
-def check_baseline(baseline_path: str) -> None:
-    if not Path(baseline_path).is_file():
-        raise FileNotFoundError(f"compare={baseline_path} is not a file; give a baseline's hypotheses, one per line")
-
-
-def compare(result: dict, baseline_path: str) -> dict:
-    """Paired significance of this evaluation's hypotheses against a baseline's, one line per sentence of the split."""
-    check_baseline(baseline_path)
-    baseline = Path(baseline_path).read_text(encoding="utf-8").splitlines()
+def compare(result: dict, baseline_path: str, baseline: list[str]) -> dict:
+    """Paired significance of this evaluation's hypotheses against a baseline's (read from baseline_path), one line
+    per sentence of the split."""
     if len(baseline) != result["sentences"]:
         raise ValueError(f"compare={baseline_path} has {len(baseline)} lines where split {result['split']} has "
                          f"{result['sentences']} sentences; give the baseline's hypotheses of that split")  # fmt: skip
@@ -93,13 +87,12 @@ def main(cfg: DictConfig) -> None:
     translator = open_translator(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]), cfg.ema)
     data = data_config(translator.data, plain["data"])
     search = SearchConfig.pick(plain, max_tokens=cfg.max_tokens or data.max_tokens)
-    if cfg.compare is not None:
-        check_baseline(cfg.compare)  # before decoding
+    baseline = None if cfg.compare is None else read_lines(cfg.compare, "compare")  # before decoding
     result = evaluate(
         translator, data, cfg.split or data.test_split, search, str(cfg.precision or translator.trained_precision)
     )
     if cfg.compare is not None:
-        result["compare"] = compare(result, cfg.compare)
+        result["compare"] = compare(result, cfg.compare, baseline)
     out = Path(HydraConfig.get().runtime.output_dir)
     name = f"{result['split'].replace('/', '.')}.beam{search.beam_size}"
     del result["references"]

@@ -38,6 +38,19 @@ class SearchConfig:
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values} | changes)
 
 
+def check_nbest(nbest: int, search: SearchConfig) -> None:
+    if not 1 <= nbest <= search.beam_size:
+        raise ValueError(f"nbest={nbest} must be between 1 and beam_size={search.beam_size}; raise beam_size")
+
+
+def decoded_nbest(tokenizer: SentencePiece, texts: list[str], found: list[list[tuple[float, list[int]]]]):
+    """Each text's (score, token ids) hypotheses as (score, translation), best first; an empty text gives
+    [(0.0, "")] whatever was found for it (none: non-finite scores)."""
+    decoded = iter(tokenizer.decode([ids for hyps in found for _, ids in hyps]))
+    translated = [[(score, next(decoded)) for score, _ in hyps] for hyps in found]
+    return [[(0.0, "")] if not text.strip() else hyps for text, hyps in zip(texts, translated)]
+
+
 class Translator:
     """Everything comes from the checkpoint: model config and weights, tokenizers, and the data config
     (corpus and languages) it was trained with."""
@@ -55,11 +68,9 @@ class Translator:
             )
         self.model_config = ModelConfig.from_dict(hparams["model"])
         self.model = build_model(self.model_config, runtime or RuntimeConfig())
-        state = checkpoint["ema_state_dict" if ema else "state_dict"]
-        weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-        if ema:  # the average covers the parameters; buffers (none that training changes) come from the weights
-            weights = {**{k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()
-                          if k.startswith("model.")}, **weights}  # fmt: skip
+        # the average covers the parameters; buffers (none that training changes) come from the weights
+        states = [checkpoint["state_dict"]] + ([checkpoint["ema_state_dict"]] if ema else [])
+        weights = {k.removeprefix("model."): v for state in states for k, v in state.items() if k.startswith("model.")}
         self.model.load_state_dict(weights)
         self.model.to(device).eval()
         self.src_tokenizer = SentencePiece(model=checkpoint["tokenizers"]["src"])
@@ -95,16 +106,13 @@ class Translator:
             message = f"an input of {length} tokens was translated up to its first {longest} (model.max_positions)"
             warnings.warn(message, stacklevel=2)
         found = self.search([s[:longest] for s in ids], search, precision, target_lengths, nbest)
-        texts_out = iter(self.tgt_tokenizer.decode([h.tokens for hyps in found for h in hyps]))
-        translated = [[(h.score, next(texts_out)) for h in hyps] for hyps in found]  # none: non-finite scores
-        return [[(0.0, "")] if not text.strip() else hyps for text, hyps in zip(texts, translated)]
+        return decoded_nbest(self.tgt_tokenizer, texts, [[(h.score, h.tokens) for h in hyps] for hyps in found])
 
     def search(self, sources: list[list[int]], search: SearchConfig, precision: str = "32", target_lengths=None,
                nbest: int = 1):  # fmt: skip
         """The nbest best hypotheses per source (ids without EOS), in input order, decoded in the batches `batches`
         makes."""
-        if not 1 <= nbest <= search.beam_size:
-            raise ValueError(f"nbest={nbest} must be between 1 and beam_size={search.beam_size}")
+        check_nbest(nbest, search)
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
         results: list = [None] * len(sources)

@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from .cli import check_overrides, one_line_errors
-from .inference import SearchConfig, open_translator
+from .inference import SearchConfig, check_nbest, open_translator
 from .model import RuntimeConfig
 
 
@@ -40,8 +40,8 @@ def main(cfg: DictConfig) -> None:
         raise FileNotFoundError(f"input={cfg.input} is not a file; give a text file, or none to read standard input")
     if cfg.tag is not None:
         translator.src_tokenizer.tag_id(cfg.tag)  # an unknown tag fails here, before any input is read
-    if cfg.nbest is not None and not 1 <= cfg.nbest <= search.beam_size:
-        raise ValueError(f"nbest={cfg.nbest} must be between 1 and beam_size={search.beam_size}; raise beam_size")
+    if cfg.nbest is not None:
+        check_nbest(cfg.nbest, search)  # before any input is read
     fd = os.open(cfg.input, os.O_RDONLY) if cfg.input else sys.stdin.fileno()
     done = 0  # input lines so far: the nbest lines' index
     for lines in arriving_lines(fd, cfg.max_lines):

@@ -10,7 +10,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ..cli import check_overrides, one_line_errors
+from ..cli import check_overrides, one_line_errors, read_lines
 from ..data import load_corpus
 from ..data.sources import file_sha256
 from ..evaluate import data_config
@@ -57,12 +57,6 @@ def parity_sentences(cfg: DictConfig, translator: Translator) -> tuple[str, list
         raise ValueError(f"parity_references={cfg.parity_references} has {len(references)} lines where "
                          f"parity_input={cfg.parity_input} has {len(sources)}; give line-aligned files")  # fmt: skip
     return cfg.parity_input, sources, references, None
-
-
-def read_lines(path: str, key: str) -> list[str]:
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{key}={path} is not a file; give a text file with one sentence per line")
-    return Path(path).read_text(encoding="utf-8").splitlines()
 
 
 def _build_and_check(cfg: DictConfig, translator: Translator, tmp: Path, output: Path):

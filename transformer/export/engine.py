@@ -6,6 +6,7 @@ from itertools import groupby
 from pathlib import Path
 
 from ..data.tokenizer import SentencePiece
+from ..inference import check_nbest, decoded_nbest
 from .spec import pieces
 
 
@@ -83,10 +84,7 @@ class ExportedTranslator:
     def translate_nbest(self, texts: list[str], search, nbest: int, precision: str = "32", target_lengths=None,
                         tag: str | None = None) -> list[list[tuple[float, str]]]:  # fmt: skip
         """As Translator.translate_nbest."""
-        if not 1 <= nbest <= search.beam_size:
-            raise ValueError(f"nbest={nbest} must be between 1 and beam_size={search.beam_size}")
+        check_nbest(nbest, search)
         ids = self.src_tokenizer.encode(texts, tag)
         found = ctranslate2_nbest(self.engine, *self.pieces, ids, search, self.eos_piece, nbest)
-        texts_out = iter(self.tgt_tokenizer.decode([h for hyps in found for _, h in hyps]))
-        translated = [[(score, next(texts_out)) for score, _ in hyps] for hyps in found]
-        return [[(0.0, "")] if not text.strip() else hyps for text, hyps in zip(texts, translated)]
+        return decoded_nbest(self.tgt_tokenizer, texts, found)

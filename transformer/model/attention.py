@@ -174,7 +174,7 @@ class MultiHeadAttention(nn.Module):
         for name, x in (("query", query), ("key", key), ("value", value)):
             if x.dim() != 3 or x.size(-1) != d:
                 raise ValueError(f"{name} must be (batch, length, {d}), got shape {tuple(x.shape)}")
-        if key.size(0) != value.size(0) or query.size(0) % key.size(0) or (key is query and value is not query):
+        if key.size(0) != value.size(0) or query.size(0) % key.size(0):
             raise ValueError(
                 f"batch sizes differ: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
                 " (query's may be a multiple of key's: consecutive query rows sharing one key row)"

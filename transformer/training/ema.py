@@ -6,8 +6,8 @@ from torch import nn
 
 class WeightAverage:
     """shadow <- decay * shadow + (1 - decay) * weights after each optimizer step, for every floating-point
-    parameter; it starts as the weights of the first update (or as a checkpoint's). `swapped_in` puts it in the
-    model's place until `swapped_out` (validation), leaving the training weights as they were."""
+    parameter; it starts as the weights of the first update (or as a checkpoint's). `swap_in` puts it in the
+    model's place until `swap_out` (validation), leaving the training weights as they were."""
 
     def __init__(self, decay: float):
         self.decay = decay
