@@ -2,6 +2,7 @@
 
     python scripts/time_to_bleu.py outputs/RUN/checkpoints --bleu 39.2              # test split, beam 5
     python scripts/time_to_bleu.py outputs/RUN/checkpoints --bleu 39.2 --all        # score every checkpoint
+    python scripts/time_to_bleu.py outputs/RUN/checkpoints --bleu 41.3 --ema        # their weight averages
 
 Training minutes come from Lightning's Timer state in each checkpoint (the run needs trainer.max_time set, as
 the multi30k_*_cpu recipe has): time inside fit, validation included, setup and data preparation excluded.
@@ -28,11 +29,12 @@ def main() -> None:
     parser.add_argument("--split", default=None, help="default: the run's test split")
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--all", action="store_true", help="score every checkpoint, not only up to the first hit")
+    parser.add_argument("--ema", action="store_true", help="score the weight average (optim.ema_decay) of each")
     args = parser.parse_args()
     print("| step | training minutes | BLEU | chrF++ |\n|---:|---:|---:|---:|")
     reached = None
     for step, path, minutes in checkpoints_by_step(args.folder, training_minutes):
-        translator = Translator.from_path(str(path))
+        translator = Translator.from_path(str(path), ema=args.ema)
         data = data_config(translator.data, {})
         result = evaluate(translator, data, args.split or data.test_split, SearchConfig(beam_size=args.beam_size),
                           translator.trained_precision)  # fmt: skip

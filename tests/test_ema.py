@@ -10,14 +10,18 @@ from transformer.training.ema import WeightAverage
 from .helpers import RECORD, LossRecorder, callback, run_train, tiny_data, write_text_corpus
 
 
-def test_the_average_follows_each_update_and_stands_in_only_while_swapped():
+def test_the_average_is_the_decay_weighted_mean_of_every_step_and_stands_in_only_while_swapped():
     model = nn.Linear(3, 2)
-    average, first = WeightAverage(0.75), model.weight.detach().clone()
-    average.update(model)  # starts as the weights
-    with torch.no_grad():
-        model.weight.add_(4.0)
-    average.update(model)
-    torch.testing.assert_close(average.shadow["weight"], 0.75 * first + 0.25 * (first + 4.0))
+    average, steps = WeightAverage(0.75), []
+    for step in range(1, 5):
+        with torch.no_grad():
+            model.weight.add_(float(step))
+        steps.append(model.weight.detach().clone())
+        average.update(model, step)
+        weights = [0.75 ** (step - i) for i in range(1, step + 1)]  # step i's weights count decay^(t - i)
+        expected = sum(w * s for w, s in zip(weights, steps)) / sum(weights)
+        torch.testing.assert_close(average.shadow["weight"], expected)
+    assert average.weight(10_000) == pytest.approx(0.25)  # a plain exponential average, long after the start
     trained = model.weight.detach().clone()
     average.swap_in(model)
     torch.testing.assert_close(model.weight.detach(), average.shadow["weight"])
@@ -84,3 +88,25 @@ def test_checkpoint_averaging_averages_the_weight_averages_too(tmp_path):
     averaged = average_checkpoints(paths)
     assert torch.equal(averaged["state_dict"]["model.w"], torch.full((2,), 1.5))
     assert torch.equal(averaged["ema_state_dict"]["model.w"], torch.full((2,), 15.0))
+
+
+@pytest.mark.slow
+def test_export_with_ema_deploys_the_average(ema_runs, tmp_path):
+    import json
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    pytest.importorskip("ctranslate2")
+    from transformer.export.__main__ import export
+    from transformer.schema import ExportConfig
+
+    checkpoint = ema_runs[0] / "ema" / "checkpoints" / "last.ckpt"
+    models = {}
+    for ema in (False, True):
+        values = {**asdict(ExportConfig(ckpt_path=str(checkpoint))), "output": str(tmp_path / str(ema)), "ema": ema}
+        folder, failure = export(OmegaConf.create({**values, "parity_sentences": 5, "beam_size": 1}))
+        assert failure is None  # the gate compared the export with the weights it was given
+        assert json.loads((folder / "model_card.json").read_text())["ema"] is ema
+        models[ema] = (folder / "model.bin").read_bytes()
+    assert models[True] != models[False]

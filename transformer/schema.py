@@ -97,6 +97,7 @@ class ExportConfig:
     parity_input: str | None = None  # a text file of sources for the gate; null: the checkpoint's test split
     parity_references: str | None = None  # parity_input's references (BLEU); a quantized export needs them
     parity_sentences: int = 1000  # the first N sentences, decoded by both engines
+    ema: bool = False  # export the weights' moving average (a checkpoint trained with optim.ema_decay)
     bleu_tolerance: float = 0.5  # a quantized export's BLEU may differ by this much from the checkpoint's
     # the gate's beam search (greedy is always checked too); beam_size=1: greedy only
     beam_size: int = SearchConfig.beam_size

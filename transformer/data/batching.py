@@ -1,11 +1,16 @@
 """Token-bucketed batches: length-sorted, packed up to max_tokens, shuffled by (seed, epoch), resumable."""
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow.compute as pc
 import torch
 from datasets import Dataset
 
 from .mixing import Mixture
+
+if TYPE_CHECKING:
+    from .subword import ResegmentedDataset
 
 
 class TokenBatchSampler:
@@ -17,11 +22,14 @@ class TokenBatchSampler:
     ranks get disjoint batches of equal number. `state_dict` / `load_state_dict` save and restore
     the position inside an epoch. With shuffle=False (validation, test) batches are in length order;
     each batch carries its examples' indices so results map back to the input order. With a Mixture (several
-    corpora laid end to end), an epoch holds the examples it draws instead of each example once.
+    corpora laid end to end), an epoch holds the examples it draws instead of each example once. With a
+    segmentation (subword regularisation: a ResegmentedDataset), each epoch packs its own segmentation's lengths,
+    and the segmentation is told the epoch before a pass starts.
     """
 
     def __init__(self, lengths: np.ndarray, max_tokens: int, *, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0, mixture: Mixture | None = None):  # fmt: skip
+                 num_replicas: int = 1, rank: int = 0, mixture: Mixture | None = None,
+                 segmentation: "ResegmentedDataset | None" = None):  # fmt: skip
         """lengths: (N, 2) tokens per example, source and target, special tokens included."""
         self.lengths = np.asarray(lengths).reshape(-1, 2)
         longest = int(self.lengths.max(initial=0))
@@ -32,37 +40,39 @@ class TokenBatchSampler:
         if mixture is not None and sum(mixture.sizes) != len(self.lengths):
             raise ValueError(f"the mixture's corpora hold {sum(mixture.sizes)} examples, lengths {len(self.lengths)}")
         self.max_tokens, self.shuffle, self.seed, self.mixture = max_tokens, shuffle, seed, mixture
+        self.segmentation = segmentation if shuffle else None
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch, self.position = 0, 0  # position: batches of this epoch handed out
         self._resume_at = 0  # where the next pass starts: 0, or a restored position
         self._cache: tuple[int, list[np.ndarray]] | None = None
-        self._mixed_length: int | None = None  # batches in every epoch of a mixture: the first epoch's
+        self._epoch_length: int | None = None  # batches in every epoch that varies (mixture, segmentation): the first's
 
     def all_batches(self, epoch: int) -> list[np.ndarray]:
-        """Every rank's batches of `epoch`, before the split between ranks. Each epoch of a mixture has as many as
-        the first: Lightning takes an epoch's length (when to validate, where it ends) from the first epoch's, and
-        another draw packs into a few more or fewer batches. A surplus is left out, a shortfall repeats some of the
-        epoch's own batches: each is a random sample of the corpora either way."""
+        """Every rank's batches of `epoch`, before the split between ranks. Each epoch of a mixture or of sampled
+        segmentations has as many as the first: Lightning takes an epoch's length (when to validate, where it ends)
+        from the first epoch's, and another draw packs into a few more or fewer batches. A surplus is left out, a
+        shortfall repeats some of the epoch's own batches: each is a random sample of the data either way."""
         batches = self._packed(epoch)
-        if self.mixture is None or not self.shuffle:
+        if (self.mixture is None and self.segmentation is None) or not self.shuffle:
             return batches
-        if self._mixed_length is None:
-            self._mixed_length = len(batches) if epoch == 0 else len(self._packed(0))
+        if self._epoch_length is None:
+            self._epoch_length = len(batches) if epoch == 0 else len(self._packed(0))
         extra = np.random.default_rng([self.seed, epoch, 1]).choice(
-            len(batches), max(self._mixed_length - len(batches), 0)
+            len(batches), max(self._epoch_length - len(batches), 0)
         )
-        return batches[: self._mixed_length] + [batches[i] for i in extra]  # batches are in random order already
+        return batches[: self._epoch_length] + [batches[i] for i in extra]  # batches are in random order already
 
     def _packed(self, epoch: int) -> list[np.ndarray]:
+        lengths = self.lengths if self.segmentation is None else self.segmentation.lengths(epoch)
         rng = np.random.default_rng([self.seed, epoch])
         if self.mixture is not None and self.shuffle:
             drawn = self.mixture.draw(rng)
             order = drawn[rng.permutation(len(drawn))]
         else:
-            order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
+            order = rng.permutation(len(lengths)) if self.shuffle else np.arange(len(lengths))
         n = len(order)
-        size = self.lengths.max(axis=1)
-        order = order[np.lexsort((self.lengths[order].sum(axis=1), size[order]))]  # by longest side, then total
+        size = lengths.max(axis=1)
+        order = order[np.lexsort((lengths[order].sum(axis=1), size[order]))]  # by longest side, then total
         batches, start = [], 0
         for i, length in enumerate(size[order]):  # ascending, so the newest example is the longest
             if (i - start + 1) * length > self.max_tokens:
@@ -91,6 +101,8 @@ class TokenBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch, self.position, self._resume_at = epoch, 0, 0
+        if self.segmentation is not None:  # now, before the loader's workers copy the dataset
+            self.segmentation.set_epoch(epoch)
 
     def __len__(self) -> int:
         return len(self.batches(self.epoch))
@@ -114,6 +126,8 @@ class TokenBatchSampler:
             )
         self.epoch, self.position = state["epoch"], state["position"]
         self._resume_at = self.position
+        if self.segmentation is not None:
+            self.segmentation.set_epoch(self.epoch)
 
 
 def example_lengths(ds: Dataset) -> np.ndarray:

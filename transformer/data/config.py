@@ -1,5 +1,6 @@
 """The data config: which corpora, which languages, how to mix, tokenize, clean and batch them."""
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -68,6 +69,11 @@ class DataConfig(CorpusConfig):
     max_length: int = 250  # training pairs with more tokens on either side are dropped
     max_length_ratio: float = 3.0  # training pairs whose token counts differ by more than this factor are dropped
     max_tokens: int = 4096  # padded tokens per batch (batch size x longest sequence)
+    # subword regularisation: each epoch, training sources and targets are segmented afresh by sentencepiece sampling
+    # with this alpha (unigram: lower samples more varied segmentations, e.g. 0.1-0.5; bpe: BPE-dropout's
+    # probability, e.g. 0.1); null: one fixed segmentation. Dev and test sets are never sampled.
+    sampling_alpha: float | None = None
+    nbest_size: int = -1  # unigram sampling among the N best segmentations; -1: among all (bpe ignores it)
     streaming: bool = False  # read training pairs from prepare's shards in a bounded buffer, not all in memory
     buffer_pairs: int = 100_000  # streaming: pairs length-bucketed and shuffled together
     bad_shards: str = "warn"  # streaming: a shard that cannot be read is skipped with a warning, or stops (error)
@@ -101,6 +107,19 @@ class DataConfig(CorpusConfig):
                 f"data.max_tokens={self.max_tokens} cannot hold one pair of data.max_length={self.max_length} tokens "
                 f"(plus its end token); raise data.max_tokens or lower data.max_length"
             )
+        if self.sampling_alpha is not None:
+            if not 0 < self.sampling_alpha <= (1 if self.tokenizer_type == "bpe" else math.inf):
+                raise ValueError(
+                    f"data.sampling_alpha={self.sampling_alpha} must be positive (at most 1 for bpe, a dropout "
+                    "probability), or null for no subword sampling"
+                )
+            if self.streaming:
+                raise ValueError(
+                    "data.sampling_alpha needs the training pairs in memory (each epoch resegments them all); "
+                    "set data.streaming=false or data.sampling_alpha=null"
+                )
+        if self.nbest_size == 0 or self.nbest_size == 1 or self.nbest_size < -1:
+            raise ValueError(f"data.nbest_size={self.nbest_size} must be -1 (all segmentations) or at least 2")
         if self.main_name in corpora:
             raise ValueError(f"data.corpora.{self.main_name} has the main corpus's name; rename it or set data.name")
 

@@ -3,6 +3,7 @@
 from dataclasses import asdict
 
 import datasets
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
@@ -14,6 +15,7 @@ from .mixing import Mixture
 from .prepare import PreparedData, prepare_data
 from .sources import DataError
 from .streaming import StreamingBatches, StreamPosition
+from .subword import ResegmentedDataset, Sampling
 from .tokenizer import SentencePiece
 
 
@@ -96,11 +98,12 @@ class TranslationDataModule(pl.LightningDataModule):
         return self.cfg.worker_start if self.cfg.num_workers > 0 else None  # a start method needs workers
 
     def _loader(self, ds: datasets.Dataset, shuffle: bool, num_replicas: int = 1, rank: int = 0,
-                mixture: Mixture | None = None) -> DataLoader:  # fmt: skip
+                mixture: Mixture | None = None, resegmented: ResegmentedDataset | None = None) -> DataLoader:  # fmt: skip
         sampler = TokenBatchSampler(example_lengths(ds), self.cfg.max_tokens, shuffle=shuffle, seed=self.cfg.seed,
-                                    num_replicas=num_replicas, rank=rank, mixture=mixture)  # fmt: skip
+                                    num_replicas=num_replicas, rank=rank, mixture=mixture,
+                                    segmentation=resegmented)  # fmt: skip
         return DataLoader(
-            TokenDataset(ds), batch_sampler=sampler, collate_fn=self._collate(),
+            resegmented or TokenDataset(ds), batch_sampler=sampler, collate_fn=self._collate(),
             num_workers=self.cfg.num_workers, multiprocessing_context=self._worker_start(),
             # its own generator: starting an iteration otherwise draws from the global RNG, which dropout
             # uses, and a resumed run would then see different dropout masks than an uninterrupted one
@@ -113,10 +116,20 @@ class TranslationDataModule(pl.LightningDataModule):
             return self._stream_loader()
         trains = self._train_splits()
         train = trains[0] if len(trains) == 1 else datasets.concatenate_datasets(trains)
-        loader = self._loader(train, True, *self._ranks(), mixture=self.data.mixture)
+        resegmented = self._resegmented(trains, train) if self.cfg.sampling_alpha is not None else None
+        loader = self._loader(train, True, *self._ranks(), mixture=self.data.mixture, resegmented=resegmented)
         self.train_sampler = loader.batch_sampler
         self._restore_sampler()
         return loader
+
+    def _resegmented(self, trains: list[datasets.Dataset], train: datasets.Dataset) -> ResegmentedDataset:
+        """The training pairs segmented afresh each epoch (data.sampling_alpha), each corpus's tag kept first."""
+        texts = tuple([t for ds in trains for t in ds[side]] for side in ("src", "tgt"))
+        tags = [self.src_tokenizer.tag_id(c.tag) if c.tag else -1 for c in self.cfg.all_corpora().values()]
+        tag_ids = np.repeat(tags, [len(ds) for ds in trains])
+        sampling = Sampling(self.cfg.sampling_alpha, self.cfg.nbest_size, self.cfg.seed)
+        return ResegmentedDataset(train, texts, tag_ids, (self.src_tokenizer, self.tgt_tokenizer), sampling,
+                                  self.cfg.max_length)  # fmt: skip
 
     def _stream_loader(self) -> "StreamLoader":
         """Training batches streamed from the training splits' Arrow shards (transformer/data/streaming.py)."""

@@ -42,7 +42,8 @@ class PreparedData:
     src_tokenizer: SentencePiece
     tgt_tokenizer: SentencePiece
     corpora: dict[str, datasets.DatasetDict]  # by corpus name, the main one first; columns src_ids, tgt_ids (no
-    # special tokens; a corpus's tag is the first source id), and src, tgt (text) but in training splits
+    # special tokens; a corpus's tag is the first source id), and src, tgt (text) but in training splits (there too
+    # with data.sampling_alpha)
     corpus_stats: dict[str, dict[str, dict]]  # per corpus and split: pairs, kept, dropped by reason, lengths
     mixture: Mixture  # the training splits laid end to end in corpora order, and each one's share of an epoch
     folder: Path  # the encoded folder
@@ -127,7 +128,8 @@ def _tokenizers(cfg: DataConfig, trains: list[datasets.Dataset], shares: np.ndar
 def _encode_corpus(corpus: CorpusConfig, splits: datasets.DatasetDict, cfg: DataConfig, src_tok: SentencePiece,
                    tgt_tok: SentencePiece) -> tuple[dict[str, datasets.Dataset], dict[str, dict]]:  # fmt: skip
     """Every split encoded (the tag, if any, first); the training split cleaned, the others cut to max_length.
-    Training keeps token ids only: the texts, as large again at WMT size, are for scoring dev and test sets."""
+    Training keeps token ids only (the texts, as large again at WMT size, are for scoring dev and test sets), and
+    its texts too when subword sampling segments them afresh each epoch."""
     tag = [src_tok.tag_id(corpus.tag)] if corpus.tag else []
 
     def encode(batch, with_text: bool):  # control characters become spaces
@@ -141,7 +143,7 @@ def _encode_corpus(corpus: CorpusConfig, splits: datasets.DatasetDict, cfg: Data
     encoded, stats = {}, {}
     for split, ds in splits.items():
         train = split == corpus.train_split
-        with_text = not train or split in (corpus.valid_split, corpus.test_split)
+        with_text = not train or split in (corpus.valid_split, corpus.test_split) or cfg.sampling_alpha is not None
         repaired, is_empty = repairs(ds), empty(ds) if train else None
         big = len(ds) > LARGE  # worker processes pay for themselves only on large corpora
         with progress_bars_if_large(len(ds)):
@@ -218,7 +220,8 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     tok_folder = Path(cfg.cache_dir) / f"{'+'.join(corpora)}.{cfg.src}-{cfg.tgt}.{tok_key}"
     src_tok, tgt_tok, tok_reused = _tokenizers(cfg, trains, shares, tok_folder)
 
-    folder = tok_folder / f"encoded.{_key(cfg.max_length, cfg.max_length_ratio)}"
+    training_text = ["training text"] if cfg.sampling_alpha is not None else []  # the same key as before without
+    folder = tok_folder / f"encoded.{_key(cfg.max_length, cfg.max_length_ratio, *training_text)}"
     cached = _load_encoded(folder, list(corpora)) if folder.exists() else None
     if cached is None:
         if folder.exists():

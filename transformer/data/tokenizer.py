@@ -5,6 +5,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
 from .sources import DataError
@@ -52,6 +53,15 @@ class SentencePiece:
             return ids
         first = [self.tag_id(tag)]
         return [first + s for s in ids]
+
+    def sample(self, texts: list[str], alpha: float, nbest_size: int, seeds: np.ndarray) -> list[list[int]]:
+        """One sampled segmentation per text (subword regularisation), text i's drawn with seeds[i]: sentencepiece's
+        generator is reseeded before each, so a text's segmentation does not depend on the others."""
+        ids = []
+        for text, seed in zip(texts, seeds.tolist()):
+            spm.set_random_generator_seed(seed)
+            ids.append(self.sp.encode(text, enable_sampling=True, alpha=alpha, nbest_size=nbest_size))
+        return ids
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.sp.decode(x) for x in ids]  # one by one: sentencepiece reads a batch of empty lists as one

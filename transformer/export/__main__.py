@@ -22,7 +22,7 @@ from .spec import checkpoint_spec
 
 def export(cfg: DictConfig) -> tuple[Path, str | None]:
     """The export folder and why it failed the gate (None: it passed and is in place at `output`)."""
-    translator = Translator.from_path(cfg.ckpt_path)
+    translator = Translator.from_path(cfg.ckpt_path, ema=cfg.ema)
     output = Path(cfg.output or Path(cfg.ckpt_path).parent.parent / "export" / cfg.quantization)
     tmp = staging(output)
     try:
@@ -75,7 +75,8 @@ def _build_and_check(cfg: DictConfig, translator: Translator, tmp: Path, output:
     del engine
     failure = next(filter(None, (r.failure(cfg.quantization, cfg.bleu_tolerance) for r in results)), None)
     card = {
-        "checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint).hexdigest(), "quantization": cfg.quantization,
+        "checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint).hexdigest(), "ema": cfg.ema,
+        "quantization": cfg.quantization,
         "model": asdict(translator.model_config), "data": translator.data,
         "parity": {"input": name, "searches": [asdict(r) for r in results], "passed": failure is None, "failure": failure},
     }  # fmt: skip

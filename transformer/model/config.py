@@ -31,6 +31,7 @@ class ModelConfig:
     dropout: float = 0.1  # embeddings and residual branches
     attention_dropout: float = 0.0  # attention probabilities
     activation_dropout: float = 0.0  # inside the feed-forward block
+    token_dropout: float = 0.0  # whole input tokens' embeddings, source and target (word dropout)
     activation: str = "relu"
     norm_first: bool = True  # pre-LayerNorm; False is the 2017 paper's post-LayerNorm
     positions: str = "sinusoidal"

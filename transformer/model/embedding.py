@@ -3,6 +3,7 @@
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dropout import Dropout
@@ -21,10 +22,13 @@ def sinusoidal_table(length: int, d_model: int) -> Tensor:
 class Embeddings(nn.Module):
     """tokens (B, T) -> dropout(token_table[tokens] * sqrt(d) + positions[offset : offset + T]), (B, T, d).
 
-    `offset` is the position of the first token: non-zero when decoding step by step with a cache.
+    `offset` is the position of the first token: non-zero when decoding step by step with a cache. In training,
+    token_dropout drops whole tokens' embeddings (the position stays), the rest scaled by 1 / (1 - p): word dropout,
+    as Nematus's dropout_source / dropout_target.
     """
 
-    def __init__(self, tokens: nn.Embedding, max_positions: int, learned_positions: bool, dropout: float):
+    def __init__(self, tokens: nn.Embedding, max_positions: int, learned_positions: bool, dropout: float,
+                 token_dropout: float = 0.0):  # fmt: skip
         super().__init__()
         d_model = tokens.embedding_dim
         self.tokens = tokens
@@ -35,6 +39,7 @@ class Embeddings(nn.Module):
         else:  # not a parameter, and not saved: rebuilt from the config
             self.register_buffer("positions", sinusoidal_table(max_positions, d_model), persistent=False)
         self.dropout = Dropout(dropout)
+        self.token_dropout = token_dropout
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         end = offset + tokens.size(1)
@@ -43,5 +48,8 @@ class Embeddings(nn.Module):
                 f"sequence reaches position {end} but max_positions={self.max_positions}; "
                 "shorten the inputs or raise model.max_positions"
             )
-        x = self.tokens(tokens) * self.scale + self.positions[offset:end]
-        return self.dropout(x)
+        x = self.tokens(tokens) * self.scale  # (B, T, d)
+        if self.training and self.token_dropout > 0:
+            kept = F.dropout(x.new_ones(*tokens.shape, 1), self.token_dropout)  # (B, T, 1): 0 or 1 / (1 - p)
+            x = x * kept
+        return self.dropout(x + self.positions[offset:end])

@@ -159,8 +159,8 @@ def build_model(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> Encod
     model = EncoderDecoder(
         encoder=Encoder([EncoderLayer(cfg, runtime) for _ in range(cfg.n_encoder_layers)], final_norm(), checkpointed),
         decoder=Decoder([DecoderLayer(cfg, runtime) for _ in range(cfg.n_decoder_layers)], final_norm(), checkpointed),
-        src_embed=Embeddings(src_tokens, cfg.max_positions, learned, cfg.dropout),
-        tgt_embed=Embeddings(tgt_tokens, cfg.max_positions, learned, cfg.dropout),
+        src_embed=Embeddings(src_tokens, cfg.max_positions, learned, cfg.dropout, cfg.token_dropout),
+        tgt_embed=Embeddings(tgt_tokens, cfg.max_positions, learned, cfg.dropout, cfg.token_dropout),
         output=nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False),
         pad_id=cfg.pad_id,
         window=cfg.window,

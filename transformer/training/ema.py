@@ -1,13 +1,18 @@
 """An exponential moving average of the weights: updated after every optimizer step, validated with, checkpointed."""
 
+import math
+
 import torch
 from torch import nn
 
 
 class WeightAverage:
-    """shadow <- decay * shadow + (1 - decay) * weights after each optimizer step, for every floating-point
-    parameter; it starts as the weights of the first update (or as a checkpoint's). `swap_in` puts it in the
-    model's place until `swap_out` (validation), leaving the training weights as they were."""
+    """After optimizer step t, for every floating-point parameter: shadow <- shadow + w_t * (weights - shadow), with
+    w_t = (1 - decay) / (1 - decay^t): the decay-weighted mean of the weights after steps 1..t, with no weight on
+    the initial ones (the bias correction of Adam's moments). w_1 = 1, so it starts as the first step's weights;
+    w_t -> 1 - decay, the plain exponential average, once decay^t is small. The step count is the trainer's, so a
+    resumed run needs no count of its own. `swap_in` puts the average in the model's place until `swap_out`
+    (validation), leaving the training weights as they were."""
 
     def __init__(self, decay: float):
         self.decay = decay
@@ -24,14 +29,20 @@ class WeightAverage:
         if next(iter(self.shadow.values())).device != first.device:
             self.shadow = {name: t.to(first.device) for name, t in self.shadow.items()}
 
+    def weight(self, step: int) -> float:
+        """w_t of optimizer step t (1-based)."""
+        return (1 - self.decay) / -math.expm1(step * math.log(self.decay))  # 1 - decay^t without cancellation
+
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self, model: nn.Module, step: int) -> None:
+        """Take in the weights after optimizer step `step` (1-based)."""
         params = self._params(model)
         if self.shadow is None:
             self.shadow = {name: p.detach().clone() for name, p in params.items()}
             return
         self._follow(params)
-        torch._foreach_lerp_(list(self.shadow.values()), [params[n].detach() for n in self.shadow], 1 - self.decay)
+        weight = self.weight(step)
+        torch._foreach_lerp_(list(self.shadow.values()), [params[n].detach() for n in self.shadow], weight)
 
     @torch.no_grad()
     def swap_in(self, model: nn.Module) -> None:

@@ -52,17 +52,18 @@ class TranslationModule(pl.LightningModule):
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)
 
-    def _loss_sum(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loss_sum(self, batch: dict, label_smoothing: float, rdrop_alpha: float | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """(cross-entropy summed over target tokens, number of target tokens); padding ignored, and nothing waits on
-        the device: the collator's host facts describe the batch."""
-        return batch_loss_sum(self.model, batch, label_smoothing)
+        the device: the collator's host facts describe the batch. With rdrop_alpha, R-Drop's loss (model/loss.py)."""
+        return batch_loss_sum(self.model, batch, label_smoothing, rdrop_alpha)
 
     # Training
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         """The loss summed over target tokens: configure_gradient_clipping divides the gradients by the target tokens
         of the whole optimizer step, all micro-batches and ranks (fairseq's way), not by each micro-batch's."""
-        loss_sum, _ = self._loss_sum(batch, self.optim_config.label_smoothing)
+        loss_sum, _ = self._loss_sum(batch, self.optim_config.label_smoothing, self.optim_config.rdrop_alpha)
         tokens = batch["tgt_tokens"]
         self._step_tokens += tokens
         loss = loss_sum.detach() / max(tokens, 1)  # per target token, for display
@@ -74,7 +75,7 @@ class TranslationModule(pl.LightningModule):
         """The step; then the weights' average takes it in, before any callback can checkpoint this batch."""
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         if self.weight_average is not None:
-            self.weight_average.update(self.model)
+            self.weight_average.update(self.model, self.trainer.global_step)  # counts this step already
 
     def _gradient_scale(self) -> float | torch.Tensor:
         """What turns the accumulated gradients into gradients per target token of the optimizer step: Lightning

@@ -1,0 +1,123 @@
+"""Subword regularisation (data.sampling_alpha): training pairs segmented afresh each epoch, exactly reproducibly."""
+
+import numpy as np
+import pytest
+from lightning_fabric.utilities.data import _set_sampler_epoch
+
+from transformer.data import DataConfig, TranslationDataModule
+
+from .helpers import config, write_text_corpus
+
+
+def rows(batch: dict, key: str, pad_id: int, special: set[int]) -> dict[int, list[int]]:
+    """Each example's ids in a batch tensor, by example index, without padding and special tokens."""
+    return {
+        i: [t for t in row if t != pad_id and t not in special]
+        for i, row in zip(batch["index"].tolist(), batch[key].tolist())
+    }
+
+
+def epoch_ids(dm: TranslationDataModule, loader, epoch: int) -> dict[int, tuple[list[int], list[int]]]:
+    _set_sampler_epoch(loader, epoch)  # what Lightning's fit loop calls at each epoch
+    tok, ids = dm.tgt_tokenizer, {}
+    special = {tok.bos_id, tok.eos_id}
+    for batch in loader:
+        src, tgt = rows(batch, "src", tok.pad_id, special), rows(batch, "tgt_out", tok.pad_id, special)
+        ids.update({i: (src[i], tgt[i]) for i in src})
+    return ids
+
+
+@pytest.fixture
+def corpora(tmp_path):
+    write_text_corpus(tmp_path / "a")
+    write_text_corpus(tmp_path / "b", sizes={"train": 200, "val": 20, "test": 20})
+    return tmp_path
+
+
+def sampling_config(tmp_path, **overrides) -> DataConfig:
+    corpora = {"b": {"path": str(tmp_path / "b"), "tag": "__b__", "test_split": "test"}}
+    values = dict(corpora=corpora, temperature=1.0, sampling_alpha=0.1, vocab_size=360, max_tokens=400)
+    return config(tmp_path / "a", tmp_path, **{**values, **overrides})
+
+
+def test_each_epoch_samples_new_segmentations_of_the_same_text(corpora):
+    dm = TranslationDataModule(sampling_config(corpora))
+    dm.setup()
+    splits = [dm.dataset("a/train"), dm.dataset("b/train")]
+    texts = [(s, t) for ds in splits for s, t in zip(ds["src"], ds["tgt"])]
+    stored = [(s, t) for ds in splits for s, t in zip(ds["src_ids"], ds["tgt_ids"])]
+    tag = dm.src_tokenizer.tag_id("__b__")
+    loader = dm.train_dataloader()
+    epochs = [epoch_ids(dm, loader, e) for e in (0, 1)]
+    for ids in epochs:
+        assert sorted(ids) == list(range(len(texts)))  # every pair once (temperature 1: shares by size)
+        for i, (src, tgt) in ids.items():
+            from_b = i >= len(splits[0])
+            assert (src[0] == tag) == from_b  # the corpus tag stays first, unsampled
+            assert dm.src_tokenizer.decode([src[from_b:]]) == [texts[i][0]]  # the segmentation changes, not the text
+            assert dm.tgt_tokenizer.decode([tgt]) == [texts[i][1]]
+        changed = sum(ids[i] != tuple(stored[i]) for i in ids)
+        assert changed > len(ids) / 2
+    assert sum(epochs[0][i] != epochs[1][i] for i in epochs[0]) > len(texts) / 2
+
+    val = dm.validation_split
+    special = {dm.tgt_tokenizer.bos_id, dm.tgt_tokenizer.eos_id}
+    for batch in dm.val_dataloader():  # dev sets keep their one segmentation
+        for i, ids in rows(batch, "src", dm.tgt_tokenizer.pad_id, special).items():
+            assert ids == val[i]["src_ids"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_sampling_reproduces_from_the_seed_and_resumes_mid_epoch(corpora, num_workers):
+    cfg = sampling_config(corpora, num_workers=num_workers)
+    dm = TranslationDataModule(cfg)
+    loader = dm.train_dataloader()
+    expected = [b["src"] for b in (_set_sampler_epoch(loader, 2), loader)[1]]
+
+    first = TranslationDataModule(cfg)
+    loader = first.train_dataloader()
+    _set_sampler_epoch(loader, 2)
+    it = iter(loader)
+    seen = [next(it)["src"] for _ in range(3)]
+    first.set_resume_point(2, 3)  # as ExactResume does: workers fetch ahead of the batches trained
+    state = first.state_dict()
+    del it
+
+    resumed = TranslationDataModule(cfg)  # a new process's view: segmentations from (seed, epoch) alone
+    resumed.load_state_dict(state)
+    loader = resumed.train_dataloader()
+    _set_sampler_epoch(loader, 2)
+    rest = [b["src"] for b in loader]
+    assert len(seen + rest) == len(expected)
+    assert all(a.equal(b) for a, b in zip(seen + rest, expected))
+
+    other = TranslationDataModule(sampling_config(corpora, seed=2, num_workers=num_workers))
+    ids, others = epoch_ids(dm, dm.train_dataloader(), 2), epoch_ids(other, other.train_dataloader(), 2)
+    assert sum(ids[i] != others[i] for i in ids) > len(ids) / 2
+
+
+def test_a_sampled_segmentation_too_long_keeps_the_stored_one(corpora):
+    """max_length below the sampled lengths: the stored ids (within it) are used, and no pair is dropped."""
+    dm = TranslationDataModule(sampling_config(corpora, sampling_alpha=0.01, max_length=30))
+    dm.setup()
+    lengths = dm.train_dataloader().dataset.lengths(0)
+    assert lengths.max() <= 31
+    assert len(lengths) == sum(dm.data.corpus_stats[c]["train"]["kept"] for c in ("a", "b"))
+    ids = epoch_ids(dm, dm.train_dataloader(), 0)
+    stored = dm.dataset("a/train")["tgt_ids"]
+    assert any(ids[i][1] == stored[i] for i in range(len(stored)))
+    assert np.mean([ids[i][1] != stored[i] for i in range(len(stored))]) > 0.5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"sampling_alpha": 0.0}, "data.sampling_alpha=0.0 must be positive"),
+        ({"sampling_alpha": 1.5, "tokenizer_type": "bpe"}, "at most 1 for bpe"),
+        ({"sampling_alpha": 0.1, "streaming": True}, "set data.streaming=false or data.sampling_alpha=null"),
+        ({"nbest_size": 1}, "data.nbest_size=1 must be -1"),
+    ],
+)
+def test_bad_sampling_settings_are_refused_in_one_line(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        config(tmp_path / "a", tmp_path, **overrides)
