@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from .allocator import allocator_hint, restart_with_jemalloc
 from .cli import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .model import ModelConfig, RuntimeConfig
@@ -59,6 +60,8 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         logger=[hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values()],  # ~logger: none
         plugins=[AtomicCheckpointIO()],
     )
+    if trainer.is_global_zero and (hint := allocator_hint(trainer.strategy.root_device.type)):
+        print(hint, file=sys.stderr)
     lock = RunFolderLock(run_dir) if trainer.is_global_zero else None  # other ranks share rank 0's folder
     try:
         for stale in (run_dir / "checkpoints").glob(".*.tmp"):  # a checkpoint write cut short by a kill
@@ -94,5 +97,6 @@ def check_run_folder_free(cfg) -> None:
 
 
 if __name__ == "__main__":
+    restart_with_jemalloc()
     check_run_folder_free(check_overrides("train", sys.argv[1:]))
     main()
