@@ -1,7 +1,7 @@
 """Training runs under jemalloc when the machine has it: the process restarts itself with it preloaded, as PyTorch's
 CPU launcher (torch.backends.xeon.run_cpu) does. glibc's malloc hands every tensor over 32 MiB (logits, their
 gradients) back to the kernel when it is freed and faults it in again at the next step; on 2 CPU cores that costs
-the Multi30k recipe half its speed (docs/benchmarks.md). TRANSFORMER_ALLOCATOR=system keeps glibc's."""
+the Multi30k recipe 2.4x its step time (docs/benchmarks.md). TRANSFORMER_ALLOCATOR=system keeps glibc's."""
 
 import ctypes.util
 import os
