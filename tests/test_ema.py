@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from transformer.inference import Translator
+from transformer.training import OptimConfig
 from transformer.training.ema import WeightAverage
 
 from .helpers import RECORD, LossRecorder, callback, run_train, tiny_data, write_text_corpus
@@ -30,6 +31,29 @@ def test_the_average_is_the_decay_weighted_mean_of_every_step_and_stands_in_only
     restored = WeightAverage(0.75)
     restored.load_state_dict(average.state_dict(prefix="model."), model, prefix="model.")
     assert torch.equal(restored.shadow["bias"], average.shadow["bias"])
+
+
+def test_warmup_makes_the_early_average_follow_the_recent_steps():
+    model, steps = nn.Linear(1, 1, bias=False), 300
+    averages = {warmup: WeightAverage(0.999, warmup=warmup) for warmup in (False, True)}
+    shadow = None
+    for step in range(1, steps + 1):
+        with torch.no_grad():
+            model.weight.fill_(float(step))  # weights that improve steadily
+        for average in averages.values():
+            average.update(model, step)
+        w = 1.0 if step == 1 else max((1 - 0.999) / (1 - 0.999**step), 9 / (10 + step))
+        shadow = float(step) if shadow is None else shadow + w * (step - shadow)
+    torch.testing.assert_close(averages[True].shadow["weight"], torch.tensor([[shadow]]))
+    # without warm-up the average is near the mean of all 300 steps; with it, about a tenth of them behind
+    assert abs(averages[False].shadow["weight"].item() - 150) < 10
+    assert steps - averages[True].shadow["weight"].item() < 0.15 * steps
+    assert averages[True].weight(10**6) == pytest.approx(1 - 0.999)  # the plain exponential average in the end
+
+
+def test_warmup_without_an_average_is_refused():
+    with pytest.raises(ValueError, match="optim.ema_warmup=true .* set optim.ema_decay"):
+        OptimConfig(ema_warmup=True)
 
 
 @pytest.fixture(scope="module")

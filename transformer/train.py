@@ -15,6 +15,7 @@ from .allocator import allocator_hint, restart_with_jemalloc
 from .cli import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .model import ModelConfig, RuntimeConfig
+from .precision import resolve_precision
 from .training import OptimConfig, TranslationModule, ValidationConfig
 from .training.checkpoint import AtomicCheckpointIO, RunFolderLock, check_monitors
 from .training.errors import TrainingError
@@ -37,6 +38,10 @@ def model_config(model: dict, data: TranslationDataModule) -> ModelConfig:
 def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     """Everything before trainer.fit is checked first, so that bad input fails before any training."""
     plain = OmegaConf.to_container(cfg, resolve=True)
+    trainer_args = plain["trainer"]
+    trainer_args["precision"], precision_note = resolve_precision(
+        trainer_args.get("precision"), trainer_args.get("accelerator", "auto")
+    )
     check_trainer_args(plain["trainer"], pl.Trainer)
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     pl.seed_everything(cfg.seed, workers=True)
@@ -60,8 +65,9 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         logger=[hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values()],  # ~logger: none
         plugins=[AtomicCheckpointIO()],
     )
-    if trainer.is_global_zero and (hint := allocator_hint(trainer.strategy.root_device.type)):
-        print(hint, file=sys.stderr)
+    for note in (precision_note, allocator_hint(trainer.strategy.root_device.type)):
+        if trainer.is_global_zero and note:
+            print(note, file=sys.stderr)
     lock = RunFolderLock(run_dir) if trainer.is_global_zero else None  # other ranks share rank 0's folder
     try:
         for stale in (run_dir / "checkpoints").glob(".*.tmp"):  # a checkpoint write cut short by a kill

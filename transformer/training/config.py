@@ -19,6 +19,7 @@ class OptimConfig:
     schedule: str = "inverse_sqrt"  # the paper's; cosine decays to zero at the last step
     label_smoothing: float = 0.1
     ema_decay: float | None = None  # an exponential moving average of the weights, validated with and checkpointed
+    ema_warmup: bool = False  # early on the average spans the last ~tenth of the steps, not all of them
     # R-Drop: each batch twice through the model (two dropout masks, twice the compute), their predictions pulled
     # together by alpha x their symmetric KL divergence (the paper's alpha: 5 for IWSLT, 0.3-1 for WMT); null: off
     rdrop_alpha: float | None = None
@@ -27,6 +28,8 @@ class OptimConfig:
         check_field_types(self, "optim")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ValueError(f"optim.ema_decay={self.ema_decay} must be between 0 and 1 (e.g. 0.999), or null")
+        if self.ema_warmup and self.ema_decay is None:
+            raise ValueError("optim.ema_warmup=true warms up an average that is off: set optim.ema_decay (e.g. 0.999)")
         if self.rdrop_alpha is not None and not self.rdrop_alpha >= 0:
             raise ValueError(f"optim.rdrop_alpha={self.rdrop_alpha} must be at least 0 (e.g. 5), or null for no R-Drop")
         if self.schedule not in SCHEDULES:

@@ -10,12 +10,15 @@ class WeightAverage:
     """After optimizer step t, for every floating-point parameter: shadow <- shadow + w_t * (weights - shadow), with
     w_t = (1 - decay) / (1 - decay^t): the decay-weighted mean of the weights after steps 1..t, with no weight on
     the initial ones (the bias correction of Adam's moments). w_1 = 1, so it starts as the first step's weights;
-    w_t -> 1 - decay, the plain exponential average, once decay^t is small. The step count is the trainer's, so a
-    resumed run needs no count of its own. `swap_in` puts the average in the model's place until `swap_out`
-    (validation), leaving the training weights as they were."""
+    w_t -> 1 - decay, the plain exponential average, once decay^t is small. Early in a run that mean still holds
+    the first, poor steps (at step 800 of decay 0.999, steps 1-400 weigh a third); with warmup, w_t is at least
+    9 / (10 + t), the decay capped at (1 + t) / (10 + t) as TensorFlow's num_updates and timm's warm-up cap it: the
+    average spans about the last tenth of the steps until that outgrows 1 / (1 - decay). The step count is the
+    trainer's, so a resumed run needs no count of its own. `swap_in` puts the average in the model's place until
+    `swap_out` (validation), leaving the training weights as they were."""
 
-    def __init__(self, decay: float):
-        self.decay = decay
+    def __init__(self, decay: float, warmup: bool = False):
+        self.decay, self.warmup = decay, warmup
         self.shadow: dict[str, torch.Tensor] | None = None
         self._training: list[torch.Tensor] | None = None  # the weights while the average stands in
 
@@ -31,7 +34,8 @@ class WeightAverage:
 
     def weight(self, step: int) -> float:
         """w_t of optimizer step t (1-based)."""
-        return (1 - self.decay) / -math.expm1(step * math.log(self.decay))  # 1 - decay^t without cancellation
+        corrected = (1 - self.decay) / -math.expm1(step * math.log(self.decay))  # 1 - decay^t without cancellation
+        return max(corrected, 9 / (10 + step)) if self.warmup else corrected
 
     @torch.no_grad()
     def update(self, model: nn.Module, step: int) -> None:

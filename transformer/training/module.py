@@ -47,7 +47,7 @@ class TranslationModule(pl.LightningModule):
         self._val_sums: dict[int, list] = {}  # per dev set (dataloader index): [NLL, target tokens] so far
         self.skipped_steps, self._skipped_in_a_row = 0, 0  # fp16 steps the gradient scaler skipped
         decay = self.optim_config.ema_decay
-        self.weight_average = None if decay is None else WeightAverage(decay)  # validated with, when set
+        self.weight_average = None if decay is None else WeightAverage(decay, self.optim_config.ema_warmup)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.model(src, tgt_in)

@@ -1,0 +1,42 @@
+import pytest
+import torch
+
+from transformer import precision
+from transformer.precision import bf16_speedup, resolve_precision
+from transformer.train import train
+
+from .helpers import RECORD, compose_train, tiny_data, write_text_corpus
+
+
+@pytest.mark.parametrize("given", ["32", "32-true", "bf16-mixed", "16-mixed", 32])
+def test_a_chosen_precision_is_kept(given):
+    assert resolve_precision(given, "cpu") == (given, None)
+
+
+@pytest.mark.parametrize(("speedup", "chosen"), [(0.6, "32-true"), (1.05, "32-true"), (2.7, "bf16-mixed")])
+def test_auto_on_cpu_takes_bf16_only_where_it_multiplies_faster(monkeypatch, speedup, chosen):
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: speedup)
+    found, note = resolve_precision("auto", "cpu")
+    assert found == chosen and f"{speedup:.2f}x" in note and chosen in note
+
+
+def test_auto_measures_nothing_on_an_accelerator_it_cannot_time(monkeypatch):
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: pytest.fail("measured"))
+    assert resolve_precision("auto", "mps")[0] == "32-true"
+
+
+def test_bf16_speedup_times_both_dtypes():
+    speedup = bf16_speedup((256, 64, 128), repeats=3)
+    assert 0.01 < speedup < 100  # a ratio of two real timings, whatever this CPU's bf16
+
+
+def test_training_with_auto_records_the_precision_it_chose(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: 0.5)
+    write_text_corpus(tmp_path / "c")
+    cfg = compose_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), *RECORD, "model=tiny",
+                                           "trainer.precision=auto", "trainer.max_steps=2", "~logger",
+                                           "trainer.enable_progress_bar=false"])  # fmt: skip
+    trainer = train(cfg, tmp_path / "run")
+    assert str(trainer.precision) == "32-true"
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["precision"] == "32-true"
+    assert "trainer.precision=auto: 32-true (bf16 matmuls run 0.50x" in capfd.readouterr().err

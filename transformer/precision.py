@@ -1,0 +1,52 @@
+"""trainer.precision=auto: bf16 autocast where this machine multiplies in bf16 faster than in float32, else float32.
+Which is faster depends on the CPU, not on its flags: bf16 matmuls ran 2.7x float32's speed on an AMD EPYC (Zen 4)
+and the training step 1.5x faster on an Intel Xeon with AMX, but on an Intel Xeon without AMX (AVX-512 BF16 only,
+as a virtual machine may show it) bf16 dot products peak where float32's FMAs do: matmuls ran at 0.6x, and the
+training step faster in float32 (docs/benchmarks.md, precision). One timed matmul tells them apart."""
+
+import time
+
+import torch
+
+AUTO = "auto"
+# tokens x d_model x d_ff: the small model's feed-forward matmul on a batch of 4,096 tokens
+PROBE_SHAPE = (4096, 256, 1024)
+MIN_SPEEDUP = 1.1  # below it float32 wins: a tie is not worth bf16's rounding
+
+
+def bf16_speedup(shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = 8) -> float:
+    """float32's time over bf16's for one matmul on this CPU, the fastest of `repeats` each (~0.2 s in all)."""
+    m, k, n = shape
+    fastest = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        a @ b  # the first call picks and builds oneDNN's kernel
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        fastest[dtype] = min(times)
+    return fastest[torch.float32] / fastest[torch.bfloat16]
+
+
+def cpu_precision(speedup: float) -> str:
+    return "bf16-mixed" if speedup >= MIN_SPEEDUP else "32-true"
+
+
+def resolve_precision(precision, accelerator: str = "auto") -> tuple[object, str | None]:
+    """A Lightning precision for trainer.precision, and for `auto` a line saying what it chose and why."""
+    if precision != AUTO:
+        return precision, None
+    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        if torch.cuda.is_bf16_supported():
+            return "bf16-mixed", "trainer.precision=auto: bf16-mixed (the GPU computes in bf16)"
+        return "16-mixed", "trainer.precision=auto: 16-mixed (the GPU has no bf16; float16 with a gradient scaler)"
+    if accelerator not in ("auto", "cpu"):
+        return "32-true", f"trainer.precision=auto: 32-true (no measurement for trainer.accelerator={accelerator})"
+    speedup = bf16_speedup()
+    chosen = cpu_precision(speedup)
+    return chosen, (
+        f"trainer.precision=auto: {chosen} (bf16 matmuls run {speedup:.2f}x float32's speed on this CPU; "
+        "trainer.precision=32 or bf16-mixed chooses yourself)"
+    )
