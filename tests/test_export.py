@@ -46,7 +46,8 @@ def test_an_int8_export_decodes_nearly_as_float32(trained, tmp_path):
     texts = (tmp / "c" / "val.de").read_text().splitlines()
     exported(translator, tmp_path / "float32")
     ours, theirs = greedy(translator, exported(translator, tmp_path / "int8", "int8"), texts)
-    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.8 * len(texts)
+    # a broken quantization agrees on almost none; int8 kernels differ by CPU (38 of 48 on an Intel Xeon without AMX)
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.7 * len(texts)
     size = {name: (tmp_path / name / "model.bin").stat().st_size for name in ("float32", "int8")}
     assert size["int8"] < 0.6 * size["float32"]  # the weight matrices in a byte each (norms, biases stay float)
     assert greedy(translator, exported(translator, tmp_path / "again"), texts) == (ours, ours)  # the model unchanged
