@@ -42,7 +42,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     trainer_args["precision"], precision_note = resolve_precision(
         trainer_args.get("precision"), trainer_args.get("accelerator", "auto")
     )
-    check_trainer_args(plain["trainer"], pl.Trainer)
+    check_trainer_args(trainer_args, pl.Trainer)
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     pl.seed_everything(cfg.seed, workers=True)
     data = TranslationDataModule(DataConfig.from_dict(plain["data"]))
@@ -59,14 +59,14 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     check_monitors(callbacks, TranslationModule.validation_metrics(list(data.validation_sets)))
     trainer = pl.Trainer(
-        **plain["trainer"],
+        **trainer_args,
         default_root_dir=str(run_dir),
         callbacks=callbacks,
         logger=[hydra.utils.instantiate(c) for c in (cfg.get("logger") or {}).values()],  # ~logger: none
         plugins=[AtomicCheckpointIO()],
     )
-    for note in (precision_note, allocator_hint(trainer.strategy.root_device.type)):
-        if trainer.is_global_zero and note:
+    if trainer.is_global_zero:
+        for note in filter(None, (precision_note, allocator_hint(trainer.strategy.root_device.type))):
             print(note, file=sys.stderr)
     lock = RunFolderLock(run_dir) if trainer.is_global_zero else None  # other ranks share rank 0's folder
     try:
