@@ -2,10 +2,9 @@ import pytest
 import torch
 
 from transformer import precision
-from transformer.precision import bf16_speedup, resolve_precision
-from transformer.train import train
+from transformer.precision import INHERITED, bf16_speedup, resolve_precision
 
-from .helpers import RECORD, compose_train, tiny_data, write_text_corpus
+from .helpers import RECORD, run_train, tiny_data, write_text_corpus
 
 
 @pytest.mark.parametrize("given", ["32", "32-true", "bf16-mixed", "16-mixed", 32])
@@ -20,6 +19,23 @@ def test_auto_on_cpu_takes_bf16_only_where_it_multiplies_faster(monkeypatch, spe
     assert found == chosen and f"{speedup:.2f}x" in note and chosen in note
 
 
+@pytest.mark.parametrize("resumed", ["32-true", "bf16-mixed"])
+def test_a_resumed_cpu_run_keeps_its_checkpoints_precision(monkeypatch, resumed):
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: pytest.fail("measured"))
+    found, note = resolve_precision("auto", "cpu", resumed=resumed)
+    assert found == resumed and "resumed" in note
+
+
+def test_ddp_ranks_take_rank_zeros_choice(monkeypatch):
+    monkeypatch.setenv(INHERITED, "unset")  # restored after the test
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: 2.0)
+    assert resolve_precision("auto", "cpu")[0] == "bf16-mixed"  # rank 0 probes
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: pytest.fail("measured"))
+    assert resolve_precision("auto", "cpu")[0] == "bf16-mixed"
+
+
 def test_auto_measures_nothing_on_an_accelerator_it_cannot_time(monkeypatch):
     monkeypatch.setattr(precision, "bf16_speedup", lambda: pytest.fail("measured"))
     assert resolve_precision("auto", "mps")[0] == "32-true"
@@ -30,13 +46,17 @@ def test_bf16_speedup_times_both_dtypes():
     assert 0.01 < speedup < 100  # a ratio of two real timings, whatever this CPU's bf16
 
 
-def test_training_with_auto_records_the_precision_it_chose(tmp_path, monkeypatch, capfd):
+def test_training_with_auto_records_the_precision_it_chose_and_resumes_in_it(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv(INHERITED, "unset")
     monkeypatch.setattr(precision, "bf16_speedup", lambda: 0.5)
     write_text_corpus(tmp_path / "c")
-    cfg = compose_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), *RECORD, "model=tiny",
-                                           "trainer.precision=auto", "trainer.max_steps=2", "~logger",
-                                           "trainer.enable_progress_bar=false"])  # fmt: skip
-    trainer = train(cfg, tmp_path / "run")
+    overrides = [*tiny_data(tmp_path / "c", tmp_path / "cache"), *RECORD, "model=tiny", "trainer.precision=auto",
+                 "~logger", "trainer.enable_progress_bar=false"]  # fmt: skip
+    trainer = run_train(tmp_path / "run", [*overrides, "trainer.max_steps=2"])
     assert str(trainer.precision) == "32-true"
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["precision"] == "32-true"
     assert "trainer.precision=auto: 32-true (bf16 matmuls run 0.50x" in capfd.readouterr().err
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: 2.0)  # a fresh probe would now take bf16
+    resumed = run_train(tmp_path / "run", [*overrides, "trainer.max_steps=3", "ckpt_path=last"])
+    assert str(resumed.precision) == "32-true" and resumed.global_step == 3
+    assert "32-true, as the resumed checkpoint was trained" in capfd.readouterr().err

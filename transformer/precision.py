@@ -4,11 +4,16 @@ and the training step 1.5x faster on an Intel Xeon with AMX, but on an Intel Xeo
 as a virtual machine may show it) bf16 dot products peak where float32's FMAs do: matmuls ran at 0.6x, and the
 training step faster in float32 (docs/benchmarks.md, precision). One timed matmul tells them apart."""
 
+import os
 import time
 
 import torch
 
 AUTO = "auto"
+CPU_CHOICES = ("32-true", "bf16-mixed")
+# Rank 0's choice, inherited by the DDP ranks Lightning starts as child processes: ranks probing each on their own,
+# at once on shared cores, could read either side of the threshold.
+INHERITED = "TRANSFORMER_AUTO_PRECISION"
 # tokens x d_model x d_ff: the small model's feed-forward matmul on a batch of 4,096 tokens
 PROBE_SHAPE = (4096, 256, 1024)
 MIN_SPEEDUP = 1.1  # below it float32 wins: a tie is not worth bf16's rounding
@@ -34,8 +39,9 @@ def cpu_precision(speedup: float) -> str:
     return "bf16-mixed" if speedup >= MIN_SPEEDUP else "32-true"
 
 
-def resolve_precision(precision, accelerator: str = "auto") -> tuple[object, str | None]:
-    """A Lightning precision for trainer.precision, and for `auto` a line saying what it chose and why."""
+def resolve_precision(precision, accelerator: str = "auto", resumed: str | None = None) -> tuple[object, str | None]:
+    """A Lightning precision for trainer.precision, and for `auto` a line saying what it chose and why. `resumed`:
+    the precision of the checkpoint a run resumes, which a CPU keeps rather than probe again (exact resume)."""
     if precision != AUTO:
         return precision, None
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
@@ -44,8 +50,13 @@ def resolve_precision(precision, accelerator: str = "auto") -> tuple[object, str
         return "16-mixed", "trainer.precision=auto: 16-mixed (the GPU has no bf16; float16 with a gradient scaler)"
     if accelerator not in ("auto", "cpu"):
         return "32-true", f"trainer.precision=auto: 32-true (no measurement for trainer.accelerator={accelerator})"
+    if resumed in CPU_CHOICES:
+        return resumed, f"trainer.precision=auto: {resumed}, as the resumed checkpoint was trained"
+    if int(os.environ.get("LOCAL_RANK", "0")) > 0 and os.environ.get(INHERITED) in CPU_CHOICES:
+        return os.environ[INHERITED], None
     speedup = bf16_speedup()
     chosen = cpu_precision(speedup)
+    os.environ[INHERITED] = chosen
     return chosen, (
         f"trainer.precision=auto: {chosen} (bf16 matmuls run {speedup:.2f}x float32's speed on this CPU; "
         "trainer.precision=32 or bf16-mixed chooses yourself)"

@@ -38,12 +38,14 @@ def model_config(model: dict, data: TranslationDataModule) -> ModelConfig:
 def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     """Everything before trainer.fit is checked first, so that bad input fails before any training."""
     plain = OmegaConf.to_container(cfg, resolve=True)
+    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
+    checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
     trainer_args = plain["trainer"]
     trainer_args["precision"], precision_note = resolve_precision(
-        trainer_args.get("precision"), trainer_args.get("accelerator", "auto")
-    )
+        trainer_args.get("precision"), trainer_args.get("accelerator", "auto"),
+        resumed=checkpoint.get("precision") if checkpoint else None,
+    )  # fmt: skip
     check_trainer_args(trainer_args, pl.Trainer)
-    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     pl.seed_everything(cfg.seed, workers=True)
     data = TranslationDataModule(DataConfig.from_dict(plain["data"]))
     data.setup()
@@ -51,9 +53,10 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     module = TranslationModule(**TranslationModule.hyperparameters(
         model, OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"]), runtime
     ))  # fmt: skip
-    if ckpt_path:
+    if checkpoint is not None:
         tokenizers = data.checkpoint_extras()["tokenizers"]  # as this run's checkpoints will hold them
-        check_resumable(load_checkpoint(ckpt_path), ckpt_path, model, tokenizers)
+        check_resumable(checkpoint, ckpt_path, model, tokenizers)
+        del checkpoint  # trainer.fit loads it again; do not hold two copies
     if cfg.compile:
         module.model.compile()  # in place: parameter names, and so checkpoints, stay those of the plain model
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
