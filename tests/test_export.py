@@ -153,10 +153,13 @@ def test_the_gate_reads_parity_input_and_its_references(trained, tmp_path):
     assert failure is None and [r["search"] for r in searches] == ["greedy", "beam 3, length_penalty 0.6"]
     assert all(r["sentences"] == 7 and r["identical"] == 7 and r["bleu_ours"] is None for r in searches)
     references = {"parity_input": str(tmp_path / "in.de"), "parity_references": str(tmp_path / "ref.en")}
-    folder, failure = export(export_config(checkpoint, tmp_path / "b", quantization="int8", **references))
-    assert failure is None and json.loads((folder / "model_card.json").read_text())["parity"]["input"] == str(
-        tmp_path / "in.de"
-    )
+    # This checks where the gate reads, not int8's fidelity (test_an_int8_export_decodes_nearly_as_float32): on 7
+    # sentences one that int8 decodes differently moves BLEU by points (6.6 on an AMD EPYC), so no tolerance here.
+    folder, failure = export(export_config(checkpoint, tmp_path / "b", quantization="int8", bleu_tolerance=100.0,
+                                           **references))  # fmt: skip
+    parity = json.loads((folder / "model_card.json").read_text())["parity"]
+    assert failure is None and parity["input"] == str(tmp_path / "in.de")
+    assert all(r["sentences"] == 7 and r["bleu_ours"] is not None for r in parity["searches"])
     (tmp_path / "short.en").write_text("one line\n")
     for changes, message in (
         ({"parity_input": str(tmp_path / "in.de"), "quantization": "int8"}, "give parity_references=FILE"),
