@@ -44,10 +44,18 @@ def test_an_int8_export_decodes_nearly_as_float32(trained, tmp_path):
     tmp, _, checkpoint = trained
     translator = Translator.from_path(str(checkpoint))
     texts = (tmp / "c" / "val.de").read_text().splitlines()
-    exported(translator, tmp_path / "float32")
-    ours, theirs = greedy(translator, exported(translator, tmp_path / "int8", "int8"), texts)
-    # a broken quantization agrees on almost none; int8 kernels differ by CPU (38 of 48 on an Intel Xeon without AMX)
-    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.7 * len(texts)
+    float32, int8 = exported(translator, tmp_path / "float32"), exported(translator, tmp_path / "int8", "int8")
+    ours, theirs = greedy(translator, int8, texts)
+    # int8 kernels differ by CPU, and one changed token sends a greedy search elsewhere: 38 of 48 sentences agree
+    # exactly on an Intel Xeon without AMX, 17 on an AMD EPYC without AVX-512; a broken quantization agrees on none
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.25 * len(texts)
+    # how likely each engine finds float32's own translations, per token: -0.34 and -0.42 nats on that AMD EPYC;
+    # chance is log(1/320), -5.8
+    src, tgt = translator.src_tokenizer.sp, translator.tgt_tokenizer.sp
+    sources = [[src.id_to_piece(i) for i in s] for s in translator.src_tokenizer.encode(texts)]
+    targets = [[tgt.id_to_piece(i) for i in h] for h in greedy(translator, float32, texts)[1]]
+    per_token = [np.mean([np.mean(r.log_probs) for r in e.score_batch(sources, targets)]) for e in (float32, int8)]
+    assert per_token[1] > per_token[0] - 0.25, per_token
     size = {name: (tmp_path / name / "model.bin").stat().st_size for name in ("float32", "int8")}
     assert size["int8"] < 0.6 * size["float32"]  # the weight matrices in a byte each (norms, biases stay float)
     assert greedy(translator, exported(translator, tmp_path / "again"), texts) == (ours, ours)  # the model unchanged

@@ -1,10 +1,17 @@
 """Subword regularisation (data.sampling_alpha): training pairs segmented afresh each epoch, exactly reproducibly."""
 
+import hashlib
+import pickle
+import subprocess
+import sys
+from collections import Counter
+
 import numpy as np
 import pytest
 from lightning_fabric.utilities.data import _set_sampler_epoch
 
 from transformer.data import DataConfig, TranslationDataModule
+from transformer.data.subword import NBest, nbest_table
 
 from .helpers import config, write_text_corpus
 
@@ -96,6 +103,49 @@ def test_sampling_reproduces_from_the_seed_and_resumes_mid_epoch(corpora, num_wo
     other = TranslationDataModule(sampling_config(corpora, seed=2, num_workers=num_workers))
     ids, others = epoch_ids(dm, dm.train_dataloader(), 2), epoch_ids(other, other.train_dataloader(), 2)
     assert sum(ids[i] != others[i] for i in ids) > len(ids) / 2
+
+
+SEGMENT_IN_A_NEW_PROCESS = """
+import hashlib, pickle, sys
+from transformer.data import TranslationDataModule
+dm = TranslationDataModule(pickle.load(open(sys.argv[1], "rb")))
+segmentation = dm.train_dataloader().dataset.segmentation(int(sys.argv[2]))
+print(hashlib.sha256(b"".join(a.tobytes() for side in segmentation for a in side)).hexdigest())
+"""
+
+
+def test_segmentations_are_the_same_in_another_process(corpora):
+    """What a run resumed in a new process sees: sentencepiece's own sampler differs in every process."""
+    cfg = sampling_config(corpora)
+    segmentation = TranslationDataModule(cfg).train_dataloader().dataset.segmentation(3)
+    here = hashlib.sha256(b"".join(a.tobytes() for side in segmentation for a in side)).hexdigest()
+    (corpora / "config.pkl").write_bytes(pickle.dumps(cfg))
+    script = [sys.executable, "-c", SEGMENT_IN_A_NEW_PROCESS, str(corpora / "config.pkl"), "3"]
+    there = subprocess.run(script, capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert there == here
+
+
+def test_the_draw_follows_sentencepiece_sampling_distribution(corpora):
+    """Our seeded draw from the n-best list against sentencepiece's own nbest sampling: p ∝ exp(alpha * score)."""
+    dm = TranslationDataModule(sampling_config(corpora))
+    dm.setup()
+    tok, text, alpha, n, draws = dm.src_tokenizer, dm.dataset("a/train")[0]["src"], 0.1, 8, 20_000
+    stored = np.asarray(tok.encode([text])[0], np.int32)
+    one = nbest_table([text], tok, n, (stored, np.array([0, len(stored)])), max_length=100)
+    table = NBest(one.values, one.offsets, np.zeros(draws, np.int64), np.tile(one.scores, (draws, 1)))
+    values, offsets = table.draw(alpha, np.random.default_rng(0))
+    ours = Counter(tuple(values[offsets[i] : offsets[i + 1]]) for i in range(draws))
+    theirs = Counter(tuple(x) for x in tok.sp.encode([text] * draws, enable_sampling=True, alpha=alpha, nbest_size=n))
+    assert max(ours.values()) < 0.5 * draws  # spread over several segmentations, or the comparison says little
+    for hyp in set(ours) | set(theirs):  # each frequency within 4 standard deviations of their difference
+        assert abs(ours[hyp] - theirs[hyp]) / draws < 0.02, (hyp, ours[hyp], theirs[hyp])
+
+
+def test_unseeded_sampling_warns_that_resume_will_differ(corpora):
+    dm = TranslationDataModule(sampling_config(corpora, nbest_size=-1))
+    with pytest.warns(UserWarning, match="data.nbest_size=N"):
+        lengths = dm.train_dataloader().dataset.lengths(0)
+    assert len(lengths) == sum(dm.data.corpus_stats[c]["train"]["kept"] for c in ("a", "b"))
 
 
 def test_a_sampled_segmentation_too_long_keeps_the_stored_one(corpora):

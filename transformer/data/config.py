@@ -73,7 +73,9 @@ class DataConfig(CorpusConfig):
     # with this alpha (unigram: lower samples more varied segmentations, e.g. 0.1-0.5; bpe: BPE-dropout's
     # probability, e.g. 0.1); null: one fixed segmentation. Dev and test sets are never sampled.
     sampling_alpha: float | None = None
-    nbest_size: int = -1  # unigram sampling among the N best segmentations; -1: among all (bpe ignores it)
+    # unigram sampling among the N best segmentations, drawn with data.seed; -1: among all, by sentencepiece's
+    # unseeded generator (bpe ignores it)
+    nbest_size: int = 64
     streaming: bool = False  # read training pairs from prepare's shards in a bounded buffer, not all in memory
     buffer_pairs: int = 100_000  # streaming: pairs length-bucketed and shuffled together
     bad_shards: str = "warn"  # streaming: a shard that cannot be read is skipped with a warning, or stops (error)

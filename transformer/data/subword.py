@@ -2,6 +2,7 @@
 sampling (Kudo 2018 for unigram models, BPE-dropout for BPE ones). Dev and test sets keep their one segmentation."""
 
 import itertools
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,11 +20,69 @@ class Sampling:
     seed: int
 
 
+@dataclass(frozen=True)
+class NBest:
+    """Each text's n best segmentations, end to end: text i's h-th is values[offsets[first[i] + h] : offsets[...+1]]."""
+
+    values: np.ndarray  # ids, every hypothesis of every text end to end
+    offsets: np.ndarray  # (H + 1,) each hypothesis's start in values
+    first: np.ndarray  # (N,) each text's first hypothesis
+    scores: np.ndarray  # (N, K) each text's hypotheses' log-probabilities under the model; -inf past its last
+
+    def draw(self, alpha: float, rng: np.random.Generator) -> Flat:
+        """One hypothesis per text with p ∝ exp(alpha * score), as sentencepiece samples an n-best list
+        (Gumbel-max: the argmax of perturbed log-weights is such a draw)."""
+        choice = np.argmax(alpha * self.scores + rng.gumbel(size=self.scores.shape), axis=1)
+        hyp = self.first + choice
+        starts, lengths = self.offsets[hyp], np.diff(self.offsets)[hyp]
+        ends = np.cumsum(lengths)
+        index = np.repeat(starts - (ends - lengths), lengths) + np.arange(ends[-1] if len(ends) else 0)
+        return self.values[index].astype(np.int32), np.concatenate([[0], ends])
+
+
+def nbest_table(texts: list[str], tok: SentencePiece, n: int, stored: Flat, max_length: int,
+                tag_ids: np.ndarray | None = None) -> NBest:  # fmt: skip
+    """The n-best lists of `texts`, a tag id put first where tag_ids >= 0. Hypotheses longer than max_length are
+    left out; a text with none left keeps its stored row, alone. Computed once: the lists do not change by epoch."""
+    piece_scores, (values, offsets) = tok.piece_scores, stored
+    dtype = np.uint16 if tok.vocab_size <= 2**16 else np.int32  # the table is kept all run: half the memory
+    chunks, lengths, first = [], [], np.zeros(len(texts) + 1, np.int64)
+    scores = np.full((len(texts), n), -np.inf, np.float32)
+    for i, text in enumerate(texts):
+        hyps = tok.nbest(text, n)
+        hyp_lengths = np.fromiter(map(len, hyps), np.int64, len(hyps))
+        flat = np.concatenate(hyps) if hyps else np.zeros(0, np.int32)
+        starts = np.cumsum(hyp_lengths) - hyp_lengths
+        if tag_ids is not None and tag_ids[i] >= 0:
+            flat, hyp_lengths = np.insert(flat, starts, tag_ids[i]), hyp_lengths + 1
+            starts = starts + np.arange(len(starts))
+        kept = (hyp_lengths <= max_length) & (hyp_lengths > 0)
+        if kept.all() and len(hyps):
+            # a byte-fallback character costs every path the same unknown penalty, so it drops out of the draw
+            scores[i, : len(hyps)] = np.add.reduceat(piece_scores[flat], starts)
+        elif kept.any():
+            hyp_scores = np.add.reduceat(piece_scores[flat], starts)[kept]
+            flat = np.concatenate([flat[s : s + k] for s, k in zip(starts[kept], hyp_lengths[kept])])
+            hyp_lengths = hyp_lengths[kept]
+            scores[i, : len(hyp_lengths)] = hyp_scores
+        else:  # none fits (or the text is empty): the stored row alone
+            flat = values[offsets[i] : offsets[i + 1]]
+            hyp_lengths, scores[i, 0] = np.array([len(flat)]), 0.0
+        chunks.append(flat.astype(dtype, copy=False))
+        lengths.append(hyp_lengths)
+        first[i + 1] = first[i] + len(hyp_lengths)
+    lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    flat = np.concatenate(chunks) if chunks else np.zeros(0, dtype)
+    return NBest(flat, np.concatenate([[0], np.cumsum(lengths)]), first[:-1], scores)
+
+
 class ResegmentedDataset(TokenDataset):
-    """Training pairs whose ids are an epoch's sampled segmentations: a pure function of (seed, epoch, example), so an
-    epoch reads the same whatever the loader workers and wherever a run resumed. The sampler asks for an epoch's
-    lengths (to pack batches) and sets the epoch before the loader starts its workers (which copy the dataset).
-    A segmentation longer than max_length falls back to the stored one: no pair is dropped or cut."""
+    """Training pairs whose ids are an epoch's sampled segmentations: a pure function of (seed, epoch), so an
+    epoch reads the same whatever the loader workers, the process and wherever a run resumed. The n-best lists are
+    computed once; each epoch draws from them with a generator seeded by (seed, epoch). The sampler asks for an
+    epoch's lengths (to pack batches) and sets the epoch before the loader starts its workers (which copy the
+    dataset). No pair is dropped or cut: a text whose every segmentation is longer than max_length keeps the
+    stored one. BPE-dropout and nbest_size=-1 sample with sentencepiece's own (unseeded) generator instead."""
 
     def __init__(self, ds, texts: tuple[list[str], list[str]], tag_ids: np.ndarray, tokenizers: tuple[SentencePiece,
                  SentencePiece], sampling: Sampling, max_length: int):  # fmt: skip
@@ -35,22 +94,37 @@ class ResegmentedDataset(TokenDataset):
         self.stored = (self.src, self.tgt)
         self.texts, self.tag_ids, self.tokenizers = texts, np.asarray(tag_ids), tokenizers
         self.sampling, self.max_length = sampling, max_length
+        self.tables = None
+        if sampling.nbest_size > 1 and all(tok.model_type == "unigram" for tok in tokenizers):
+            sides = zip(self.texts, self.tokenizers, self.stored, (self.tag_ids, None))
+            self.tables = tuple(nbest_table(x, tok, sampling.nbest_size, s, max_length, t) for x, tok, s, t in sides)
+        else:
+            warnings.warn(
+                "subword sampling with BPE-dropout or data.nbest_size=-1 draws from sentencepiece's own generator, "
+                "which takes no seed: a resumed run segments its epochs differently; for exact resume use a unigram "
+                "tokenizer and data.nbest_size=N (e.g. 64)",
+                stacklevel=2,
+            )
         self._segmented: dict[int, tuple[Flat, Flat]] = {}  # the last two epochs asked for
         self.epoch = -1
         self.set_epoch(0)
 
     def segmentation(self, epoch: int) -> tuple[Flat, Flat]:
         if epoch not in self._segmented:
-            seeds = np.random.default_rng([self.sampling.seed, epoch, 7]).integers(0, 2**31, size=(len(self), 2))
-            sides = []
-            for side, (texts, tok, stored) in enumerate(zip(self.texts, self.tokenizers, self.stored)):
-                ids = tok.sample(texts, self.sampling.alpha, self.sampling.nbest_size, seeds[:, side])
-                if side == 0:
-                    ids = [x if tag < 0 else [tag, *x] for x, tag in zip(ids, self.tag_ids.tolist())]
-                sides.append(_flat(ids, stored, self.max_length))
+            if self.tables is not None:
+                rng = np.random.default_rng([self.sampling.seed, epoch, 7])
+                sides = tuple(table.draw(self.sampling.alpha, rng) for table in self.tables)
+            else:
+                sides = tuple(self._sample_unseeded(side) for side in (0, 1))
             self._segmented = {e: s for e, s in self._segmented.items() if e == self.epoch}  # keep the current one
-            self._segmented[epoch] = tuple(sides)
+            self._segmented[epoch] = sides
         return self._segmented[epoch]
+
+    def _sample_unseeded(self, side: int) -> Flat:
+        ids = self.tokenizers[side].sample(self.texts[side], self.sampling.alpha, self.sampling.nbest_size)
+        if side == 0:
+            ids = [x if tag < 0 else [tag, *x] for x, tag in zip(ids, self.tag_ids.tolist())]
+        return _flat(ids, self.stored[side], self.max_length)
 
     def lengths(self, epoch: int) -> np.ndarray:
         """(N, 2) tokens per example in `epoch`, as batched (example_lengths)."""
@@ -61,6 +135,10 @@ class ResegmentedDataset(TokenDataset):
         if epoch != self.epoch:
             self.src, self.tgt = self.segmentation(epoch)
             self.epoch = epoch
+
+    def __getstate__(self) -> dict:
+        """What a loader worker started by spawn or forkserver needs: the epoch's ids, not the n-best lists."""
+        return {**self.__dict__, "tables": None, "_segmented": {}, "texts": None}
 
 
 def _flat(ids: list[list[int]], stored: Flat, max_length: int) -> Flat:

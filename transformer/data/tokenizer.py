@@ -28,14 +28,17 @@ class SentencePiece:
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
 
-    @property
-    def tags(self) -> list[str]:
-        """The reserved pieces (sentencepiece's user-defined symbols) that mark a corpus, e.g. <bt>."""
+    def _trainer_spec(self):
         from sentencepiece import sentencepiece_model_pb2
 
         proto = sentencepiece_model_pb2.ModelProto()
         proto.ParseFromString(self.sp.serialized_model_proto())
-        return list(proto.trainer_spec.user_defined_symbols)
+        return proto.trainer_spec
+
+    @property
+    def tags(self) -> list[str]:
+        """The reserved pieces (sentencepiece's user-defined symbols) that mark a corpus, e.g. <bt>."""
+        return list(self._trainer_spec().user_defined_symbols)
 
     def tag_id(self, tag: str) -> int:
         if tag not in self.tags:
@@ -54,14 +57,25 @@ class SentencePiece:
         first = [self.tag_id(tag)]
         return [first + s for s in ids]
 
-    def sample(self, texts: list[str], alpha: float, nbest_size: int, seeds: np.ndarray) -> list[list[int]]:
-        """One sampled segmentation per text (subword regularisation), text i's drawn with seeds[i]: sentencepiece's
-        generator is reseeded before each, so a text's segmentation does not depend on the others."""
-        ids = []
-        for text, seed in zip(texts, seeds.tolist()):
-            spm.set_random_generator_seed(seed)
-            ids.append(self.sp.encode(text, enable_sampling=True, alpha=alpha, nbest_size=nbest_size))
-        return ids
+    @property
+    def model_type(self) -> str:
+        """unigram or bpe (or char, word), as trained."""
+        spec = self._trainer_spec()
+        return spec.ModelType.Name(spec.model_type).lower()
+
+    @property
+    def piece_scores(self) -> np.ndarray:
+        """(vocab_size,) each piece's log-probability in a unigram model (0 for byte and special pieces)."""
+        return np.array([self.sp.get_score(i) for i in range(self.vocab_size)], np.float32)
+
+    def nbest(self, text: str, n: int) -> list[np.ndarray]:
+        """A unigram model's n best segmentations of a text, best first (fewer where the text has fewer)."""
+        return self.sp.nbest_encode(text, nbest_size=n, out_type="numpy")
+
+    def sample(self, texts: list[str], alpha: float, nbest_size: int) -> list[list[int]]:
+        """One segmentation per text drawn by sentencepiece itself (BPE-dropout, or unigram sampling over the whole
+        lattice): its generator takes no seed, so the draw differs in every process."""
+        return self.sp.encode(texts, enable_sampling=True, alpha=alpha, nbest_size=nbest_size)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.sp.decode(x) for x in ids]  # one by one: sentencepiece reads a batch of empty lists as one
