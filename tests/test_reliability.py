@@ -205,12 +205,13 @@ def test_translate_survives_random_bytes_and_unicode_one_line_out_per_line_in(tr
 def test_killed_at_random_moments_and_resumed_the_run_ends_as_if_never_killed(tmp_path):
     """SIGKILL at random moments of a real training process (three after a random delay, two as soon as a
     checkpoint's temporary file appears, i.e. mid-write), resuming with ckpt_path=last each time: every kill
-    leaves a loadable last.ckpt, and the final weights equal those of a run never killed."""
+    leaves a loadable last.ckpt, and the final weights equal those of a run never killed. Subword sampling is on:
+    each resumed process must draw the segmentations the reference process drew."""
     write_text_corpus(tmp_path / "c")
     args = [sys.executable, "-m", "transformer.train", "model=tiny", "trainer.precision=32", "trainer.max_steps=300",
             "trainer.max_epochs=100",
             "trainer.val_check_interval=10", "callbacks.last_checkpoint.every_n_train_steps=4",
-            "trainer.enable_progress_bar=false", "validation.bleu_max_sentences=5",
+            "trainer.enable_progress_bar=false", "validation.bleu_max_sentences=5", "data.sampling_alpha=0.1",
             *tiny_data(tmp_path / "c", tmp_path / "cache")]  # fmt: skip
 
     def launch(run_dir: Path, resume: bool) -> subprocess.Popen:
