@@ -10,6 +10,7 @@ pair are segmented, as one epoch of training does. Run it alone.
 """
 
 import argparse
+import itertools
 import resource
 import statistics
 import time
@@ -52,7 +53,7 @@ def main() -> None:
     build = time.perf_counter() - start
     table_mib = sum(t.values.nbytes + t.offsets.nbytes + t.first.nbytes + t.scores.nbytes for t in tables) / 2**20
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
-    epoch = iter(range(10**6))
+    epoch = itertools.count()  # a new epoch's draw each time
     ours = seconds(lambda: [t.draw(args.alpha, np.random.default_rng([1, next(epoch)])) for t in tables], args.epochs)
     now = ("seeded draw from n-best lists (now)", build, statistics.median(ours), f"{table_mib:,.0f}", f"{grown:,.0f}")
     rows = [now]

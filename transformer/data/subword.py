@@ -57,17 +57,16 @@ def nbest_table(texts: list[str], tok: SentencePiece, n: int, stored: Flat, max_
             flat, hyp_lengths = np.insert(flat, starts, tag_ids[i]), hyp_lengths + 1
             starts = starts + np.arange(len(starts))
         kept = (hyp_lengths <= max_length) & (hyp_lengths > 0)
-        if kept.all() and len(hyps):
-            # a byte-fallback character costs every path the same unknown penalty, so it drops out of the draw
-            scores[i, : len(hyps)] = np.add.reduceat(piece_scores[flat], starts)
-        elif kept.any():
-            hyp_scores = np.add.reduceat(piece_scores[flat], starts)[kept]
-            flat = np.concatenate([flat[s : s + k] for s, k in zip(starts[kept], hyp_lengths[kept])])
-            hyp_lengths = hyp_lengths[kept]
-            scores[i, : len(hyp_lengths)] = hyp_scores
-        else:  # none fits (or the text is empty): the stored row alone
+        if not kept.any():  # none fits (or the text is empty): the stored row alone
             flat = values[offsets[i] : offsets[i + 1]]
-            hyp_lengths, scores[i, 0] = np.array([len(flat)]), 0.0
+            hyp_lengths, hyp_scores = np.array([len(flat)]), np.zeros(1)
+        else:
+            # a byte-fallback character costs every path the same unknown penalty, so it drops out of the draw
+            hyp_scores = np.add.reduceat(piece_scores[flat], starts)
+            if not kept.all():
+                flat = np.concatenate([flat[s : s + k] for s, k in zip(starts[kept], hyp_lengths[kept])])
+                hyp_lengths, hyp_scores = hyp_lengths[kept], hyp_scores[kept]
+        scores[i, : len(hyp_lengths)] = hyp_scores
         chunks.append(flat.astype(dtype, copy=False))
         lengths.append(hyp_lengths)
         first[i + 1] = first[i] + len(hyp_lengths)
