@@ -5,6 +5,7 @@
 #   bash scripts/reproduce_multi30k.sh            # the 60-minute CPU recipe, de->en then en->de (~2 h 15 min)
 #   RECIPE=gpu bash scripts/reproduce_multi30k.sh # the 15-minute one-GPU recipe
 #   PAIRS="de-en" OUT=outputs/mine bash scripts/reproduce_multi30k.sh
+#   SPLITS=val PAIRS=de-en OUT=outputs/vocab6k bash scripts/reproduce_multi30k.sh data.vocab_size=6000  # tuning
 #
 # Extra arguments are Hydra overrides for training, e.g. trainer.max_time=00:00:10:00.
 set -euo pipefail
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/.."
 RECIPE=${RECIPE:-cpu}
 OUT=${OUT:-outputs/reproduce_multi30k_${RECIPE}}
 PAIRS=${PAIRS:-"de-en en-de"}
+SPLITS=${SPLITS:-"val test_2016_flickr"}  # val alone while choosing settings; the test split once per chosen one
 AVERAGE=${AVERAGE:-10}  # checkpoints averaged: the last N epochs' (10 scored best on the validation split)
 
 runs=()
@@ -22,9 +24,11 @@ for pair in $PAIRS; do
     "hydra.run.dir=$run" "$@"
   echo $((SECONDS - start)) > "$run/wall_clock_s"
   python scripts/average_checkpoints.py "$run/checkpoints" --last "$AVERAGE" --output "$run/checkpoints/average.pt"
-  # The last checkpoint decoded greedily (as the peer decodes), then the average with beam search.
-  python -m transformer.evaluate "ckpt_path=$run/checkpoints/last.ckpt" beam_size=1 "hydra.run.dir=$run/evaluate/last_greedy"
-  for split in val test_2016_flickr; do
+  # The last checkpoint decoded greedily on test (as the peer decodes), then the average with beam search.
+  if [[ " $SPLITS " == *" test_2016_flickr "* ]]; then
+    python -m transformer.evaluate "ckpt_path=$run/checkpoints/last.ckpt" beam_size=1 "hydra.run.dir=$run/evaluate/last_greedy"
+  fi
+  for split in $SPLITS; do
     python -m transformer.evaluate "ckpt_path=$run/checkpoints/average.pt" "split=$split" \
       "hydra.run.dir=$run/evaluate/average_beam5_$split"
   done
