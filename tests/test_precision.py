@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -44,6 +46,22 @@ def test_auto_measures_nothing_on_an_accelerator_it_cannot_time(monkeypatch):
 def test_bf16_speedup_times_both_dtypes():
     speedup = bf16_speedup((256, 64, 128), repeats=3)
     assert 0.01 < speedup < 100  # a ratio of two real timings, whatever this CPU's bf16
+
+
+@pytest.mark.parametrize(("bf16_seconds", "bf16_timed"), [(100.0, 1), (0.5, 3)])
+def test_an_emulated_bf16_is_timed_once(monkeypatch, bf16_seconds, bf16_timed):
+    """A clock on which each float32 product takes 1 s: bf16's first product 100x slower ends its timing."""
+    ticks, now = [], [0.0]
+
+    def clock():
+        ticks.append(now[0])
+        if len(ticks) % 2 == 0:  # a product timed: start, end
+            now[0] += 1.0 if len(ticks) <= 2 * 3 else bf16_seconds
+        return now[0]
+
+    monkeypatch.setattr(precision, "time", SimpleNamespace(perf_counter=clock))
+    assert bf16_speedup((64, 64, 64), repeats=3) == pytest.approx(1 / bf16_seconds)
+    assert len(ticks) == 2 * (3 + bf16_timed)
 
 
 def test_training_with_auto_records_the_precision_it_chose_and_resumes_in_it(tmp_path, monkeypatch, capfd):

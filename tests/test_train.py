@@ -7,6 +7,7 @@ import torch
 from omegaconf import open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from transformer.allocator import HINT, jemalloc_library
 from transformer.data import TranslationDataModule
 from transformer.train import model_config, train
 from transformer.training import OptimConfig, TranslationModule
@@ -199,6 +200,7 @@ def test_train_command_writes_its_run_folder(tmp_path):
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
     assert (run_dir / "tokenizer" / "spm.model").exists()
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert (HINT in result.stderr) == (jemalloc_library() is None)  # restarted under jemalloc where there is one
 
 
 @pytest.mark.slow  # every experiment file end to end, on Multi30k (and the mix's other corpora)
@@ -271,18 +273,18 @@ def checkpoint_file(runs):
 
 @pytest.mark.slow  # end to end in subprocesses
 @pytest.mark.parametrize(
-    "overrides, message",
+    "overrides, message, before_data",  # before_data: refused before the tokenizer is trained and the data encoded
     [
-        (["trainer.foo=1"], "error: Could not override 'trainer.foo'. To append to your config use +trainer.foo=1"),
-        (["trainer.max_epochs=abc"], "error: trainer.max_epochs='abc' must be one of: int, null"),
-        (["model.d_model=250", "model.n_heads=8"], "error: d_model=250 is not divisible by n_heads=8; change one of them"),
-        (["ckpt_path=/nonexistent/last.ckpt"], "error: ckpt_path=/nonexistent/last.ckpt: no such file"),
-        (["ckpt_path=TRUNCATED"], "error: ckpt_path=TRUNCATED cannot be loaded ("),
-        (["ckpt_path=CHECKPOINT", "data.vocab_size=360"], "error: ckpt_path=CHECKPOINT was trained with another src vocabulary"),
-        (["ckpt_path=CHECKPOINT", "model=small"], "error: ckpt_path=CHECKPOINT has model model.d_model=32, this run has 256"),
+        (["trainer.foo=1"], "error: Could not override 'trainer.foo'. To append to your config use +trainer.foo=1", True),
+        (["trainer.max_epochs=abc"], "error: trainer.max_epochs='abc' must be one of: int, null", True),
+        (["model.d_model=250", "model.n_heads=8"], "error: d_model=250 is not divisible by n_heads=8; change one of them", True),
+        (["ckpt_path=/nonexistent/last.ckpt"], "error: ckpt_path=/nonexistent/last.ckpt: no such file", True),
+        (["ckpt_path=TRUNCATED"], "error: ckpt_path=TRUNCATED cannot be loaded (", True),
+        (["ckpt_path=CHECKPOINT", "data.vocab_size=360"], "error: ckpt_path=CHECKPOINT was trained with another src vocabulary", False),
+        (["ckpt_path=CHECKPOINT", "model=small"], "error: ckpt_path=CHECKPOINT has model model.d_model=32, this run has 256", False),
     ],
 )  # fmt: skip
-def test_bad_input_is_one_line_before_training(overrides, message, checkpoint_file, tmp_path):
+def test_bad_input_is_one_line_before_training(overrides, message, before_data, checkpoint_file, tmp_path):
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(checkpoint_file.read_bytes()[:5000])
     swap = {"TRUNCATED": str(truncated), "CHECKPOINT": str(checkpoint_file)}
@@ -295,6 +297,7 @@ def test_bad_input_is_one_line_before_training(overrides, message, checkpoint_fi
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith(message)
     assert not (tmp_path / "run" / "checkpoints").exists()
+    assert (tmp_path / "cache").exists() != before_data
 
 
 @pytest.mark.slow  # inductor compiles C++ kernels: about 40 s on 2 cores

@@ -17,10 +17,14 @@ INHERITED = "TRANSFORMER_AUTO_PRECISION"
 # tokens x d_model x d_ff: the small model's feed-forward matmul on a batch of 4,096 tokens
 PROBE_SHAPE = (4096, 256, 1024)
 MIN_SPEEDUP = 1.1  # below it float32 wins: a tie is not worth bf16's rounding
+# A bf16 product this many times slower than float32's fastest loses whatever the noise: timing stops there. Where
+# bf16 is emulated (a CPU without AVX-512 BF16 or AMX) one takes ~100x float32's time, 1.9 s on an AVX2 AMD EPYC.
+SURELY_SLOWER = 10
 
 
 def bf16_speedup(shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = 8) -> float:
-    """float32's time over bf16's for one matmul on this CPU, the fastest of `repeats` each (~0.2 s in all)."""
+    """float32's time over bf16's for one matmul on this CPU, the fastest of `repeats` each (~0.2 s in all; ~4 s
+    where bf16 is emulated, which stops after one timed product)."""
     m, k, n = shape
     fastest = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -31,6 +35,8 @@ def bf16_speedup(shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = 8) ->
             start = time.perf_counter()
             a @ b
             times.append(time.perf_counter() - start)
+            if dtype == torch.bfloat16 and times[-1] > SURELY_SLOWER * fastest[torch.float32]:
+                break
         fastest[dtype] = min(times)
     return fastest[torch.float32] / fastest[torch.bfloat16]
 

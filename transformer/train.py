@@ -6,12 +6,17 @@ import sys
 import warnings
 from pathlib import Path
 
+if __name__ == "__main__":  # before the imports below, which a restart would otherwise pay for twice (~4 s)
+    from .allocator import restart_with_jemalloc
+
+    restart_with_jemalloc()
+
 import hydra
 import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .allocator import allocator_hint, restart_with_jemalloc
+from .allocator import allocator_hint
 from .cli import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .model import ModelConfig, RuntimeConfig
@@ -28,16 +33,22 @@ warnings.filterwarnings("ignore", message="You're resuming from a checkpoint tha
 def model_config(model: dict, data: TranslationDataModule) -> ModelConfig:
     """The named size with overrides; vocabulary sizes and pad id come from the tokenizer, nowhere else."""
     src, tgt = data.src_tokenizer, data.tgt_tokenizer
+    return sized_model(model, src_vocab_size=src.vocab_size, tgt_vocab_size=tgt.vocab_size, pad_id=src.pad_id)
+
+
+def sized_model(model: dict, **vocabulary: int) -> ModelConfig:
     overrides = {k: v for k, v in model.items() if k != "size" and v is not None}  # null: the size's value
-    return ModelConfig.from_size(
-        model.get("size", "small"), **overrides,
-        src_vocab_size=src.vocab_size, tgt_vocab_size=tgt.vocab_size, pad_id=src.pad_id,
-    )  # fmt: skip
+    return ModelConfig.from_size(model.get("size", "small"), **overrides, **vocabulary)
 
 
 def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     """Everything before trainer.fit is checked first, so that bad input fails before any training."""
     plain = OmegaConf.to_container(cfg, resolve=True)
+    # Checked before the precision probe and the data, whose tokenizer and encoding can take minutes: the vocabulary
+    # is a placeholder here, the tokenizer's below
+    sized_model(plain["model"], src_vocab_size=2, tgt_vocab_size=2, pad_id=0)
+    optim, validation = OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"])
+    runtime, data_config = RuntimeConfig(**plain["runtime"]), DataConfig.from_dict(plain["data"])
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
     trainer_args = plain["trainer"]
@@ -47,12 +58,10 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     )  # fmt: skip
     check_trainer_args(trainer_args, pl.Trainer)
     pl.seed_everything(cfg.seed, workers=True)
-    data = TranslationDataModule(DataConfig.from_dict(plain["data"]))
+    data = TranslationDataModule(data_config)
     data.setup()
-    model, runtime = model_config(plain["model"], data), RuntimeConfig(**plain["runtime"])
-    module = TranslationModule(**TranslationModule.hyperparameters(
-        model, OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"]), runtime
-    ))  # fmt: skip
+    model = model_config(plain["model"], data)
+    module = TranslationModule(**TranslationModule.hyperparameters(model, optim, validation, runtime))
     if checkpoint is not None:
         tokenizers = data.checkpoint_extras()["tokenizers"]  # as this run's checkpoints will hold them
         check_resumable(checkpoint, ckpt_path, model, tokenizers)
@@ -106,6 +115,5 @@ def check_run_folder_free(cfg) -> None:
 
 
 if __name__ == "__main__":
-    restart_with_jemalloc()
     check_run_folder_free(check_overrides("train", sys.argv[1:]))
     main()
