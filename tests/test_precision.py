@@ -50,18 +50,19 @@ def test_bf16_speedup_times_both_dtypes():
 
 @pytest.mark.parametrize(("bf16_seconds", "bf16_timed"), [(100.0, 1), (0.5, 3)])
 def test_an_emulated_bf16_is_timed_once(monkeypatch, bf16_seconds, bf16_timed):
-    """A clock on which each float32 product takes 1 s: bf16's first product 100x slower ends its timing."""
-    ticks, now = [], [0.0]
+    """A clock on which each float32 product takes 1 s: a bf16 product 100x slower ends bf16's timing, one 0.5 s
+    does not."""
+    ticks, now, repeats = [], [0.0], 3
 
     def clock():
         ticks.append(now[0])
         if len(ticks) % 2 == 0:  # a product timed: start, end
-            now[0] += 1.0 if len(ticks) <= 2 * 3 else bf16_seconds
+            now[0] += 1.0 if len(ticks) <= 2 * repeats else bf16_seconds
         return now[0]
 
     monkeypatch.setattr(precision, "time", SimpleNamespace(perf_counter=clock))
-    assert bf16_speedup((64, 64, 64), repeats=3) == pytest.approx(1 / bf16_seconds)
-    assert len(ticks) == 2 * (3 + bf16_timed)
+    assert bf16_speedup((64, 64, 64), repeats=repeats) == pytest.approx(1 / bf16_seconds)
+    assert len(ticks) == 2 * (repeats + bf16_timed)
 
 
 def test_training_with_auto_records_the_precision_it_chose_and_resumes_in_it(tmp_path, monkeypatch, capfd):
