@@ -1,6 +1,6 @@
-"""Subword sampling's cost on a corpus's training pairs: our seeded draw from n-best lists computed once, against
-sentencepiece's own sampler run afresh each epoch (what transformer did before, and what BPE-dropout and
-data.nbest_size=-1 still do).
+"""Subword sampling's cost on a corpus's training pairs: our seeded draw from n-best lists computed once (or loaded
+from their cache, as a resumed run or a second rank does), against sentencepiece's own sampler run afresh each epoch
+(what transformer did before, and what BPE-dropout and data.nbest_size=-1 still do).
 
     python scripts/bench_subword.py                   # Multi30k de->en as the default data config prepares it
     python scripts/bench_subword.py --epochs 5 --write
@@ -13,7 +13,9 @@ import argparse
 import itertools
 import resource
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -21,7 +23,7 @@ from transformer.benchmarks.machine import machine
 from transformer.benchmarks.report import record
 from transformer.data import DataConfig, TranslationDataModule
 from transformer.data.batching import TokenDataset
-from transformer.data.subword import nbest_table
+from transformer.data.subword import load_tables, nbest_table, save_tables
 
 
 def seconds(fn, repeats: int) -> list[float]:
@@ -55,8 +57,26 @@ def main() -> None:
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
     epoch = itertools.count()  # a new epoch's draw each time
     ours = seconds(lambda: [t.draw(args.alpha, np.random.default_rng([1, next(epoch)])) for t in tables], args.epochs)
-    now = ("seeded draw from n-best lists (now)", build, statistics.median(ours), f"{table_mib:,.0f}", f"{grown:,.0f}")
+    now = (
+        "seeded draw, n-best lists computed (now)",
+        build,
+        statistics.median(ours),
+        f"{table_mib:,.0f}",
+        f"{grown:,.0f}",
+    )
     rows = [now]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "nbest"
+        save_tables(tables, folder)
+
+        def load_and_draw():  # mapped lazily: the first draw reads the pages
+            for table in load_tables(folder, len(train), args.nbest):
+                table.draw(args.alpha, np.random.default_rng([1, 0]))
+
+        loaded = statistics.median(seconds(load_and_draw, args.epochs))
+    rows.append(
+        ("seeded draw, n-best lists loaded from their cache (a resume, another rank)", loaded, now[2], now[3], "")
+    )
     for nbest in (args.nbest, -1):
         theirs = seconds(lambda n=nbest: [tok.sample(texts, args.alpha, n) for texts, tok, _ in sides], args.epochs)
         rows.append((f"sentencepiece's sampler, nbest_size={nbest}", 0.0, statistics.median(theirs), "0", ""))

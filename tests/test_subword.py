@@ -2,15 +2,17 @@
 
 import hashlib
 import pickle
+import shutil
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 from lightning_fabric.utilities.data import _set_sampler_epoch
 
-from transformer.data import DataConfig, TranslationDataModule
+from transformer.data import DataConfig, TranslationDataModule, subword
 from transformer.data.subword import NBest, nbest_table
 
 from .helpers import config, write_text_corpus
@@ -114,15 +116,68 @@ print(hashlib.sha256(b"".join(a.tobytes() for side in segmentation for a in side
 """
 
 
+def digest(segmentation) -> str:
+    return hashlib.sha256(b"".join(np.asarray(a).tobytes() for side in segmentation for a in side)).hexdigest()
+
+
+def nbest_caches(cfg: DataConfig) -> list[Path]:
+    return sorted(p for p in Path(cfg.cache_dir).rglob("nbest*") if p.is_dir())
+
+
 def test_segmentations_are_the_same_in_another_process(corpora):
-    """What a run resumed in a new process sees: sentencepiece's own sampler differs in every process."""
+    """What a run resumed in a new process sees: sentencepiece's own sampler differs in every process. Each
+    process computes its own n-best lists (the other's cached ones removed)."""
     cfg = sampling_config(corpora)
-    segmentation = TranslationDataModule(cfg).train_dataloader().dataset.segmentation(3)
-    here = hashlib.sha256(b"".join(a.tobytes() for side in segmentation for a in side)).hexdigest()
     (corpora / "config.pkl").write_bytes(pickle.dumps(cfg))
     script = [sys.executable, "-c", SEGMENT_IN_A_NEW_PROCESS, str(corpora / "config.pkl"), "3"]
     there = subprocess.run(script, capture_output=True, text=True, check=True).stdout.split()[-1]
-    assert there == here
+    (cache,) = nbest_caches(cfg)
+    shutil.rmtree(cache)
+    assert digest(TranslationDataModule(cfg).train_dataloader().dataset.segmentation(3)) == there
+
+
+def test_nbest_lists_are_computed_once_per_prepared_data(corpora, monkeypatch):
+    """A resumed run, a new run on the same data and a node's other ranks load the cached lists (and draw the same
+    segmentations); a damaged cache is named in a warning and rebuilt; prepare_data, Lightning's once-per-node hook,
+    fills the cache before the other ranks ask for it."""
+
+    def computed_again(*args, **kwargs):
+        raise AssertionError("the n-best lists were computed again")
+
+    def drawn(cfg: DataConfig, cached: bool) -> str:
+        """Epoch 3's segmentations in a new data module; cached: computing the lists fails the test."""
+        with monkeypatch.context() as patched:
+            if cached:
+                patched.setattr(subword, "nbest_table", computed_again)
+            return digest(TranslationDataModule(cfg).train_dataloader().dataset.segmentation(3))
+
+    cfg = sampling_config(corpora)
+    built = drawn(cfg, cached=False)
+    (cache,) = nbest_caches(cfg)
+    assert drawn(cfg, cached=True) == built
+
+    cut = cache / "tgt.values.npy"
+    cut.write_bytes(cut.read_bytes()[:-8])
+    with pytest.warns(UserWarning, match=r"the n-best cache .*nbest.* is damaged"):
+        assert drawn(cfg, cached=False) == built
+    assert drawn(cfg, cached=True) == built  # rebuilt whole
+
+    other = sampling_config(corpora, nbest_size=8)  # other lists, in a folder of their own
+    TranslationDataModule(other).prepare_data()
+    assert len(nbest_caches(other)) == 2
+    assert drawn(other, cached=True) != built
+
+
+def test_a_cache_that_cannot_be_written_costs_a_warning_not_the_run(corpora, monkeypatch):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "save", disk_full)
+    cfg = sampling_config(corpora)
+    with pytest.warns(UserWarning, match=r"could not be cached in .*No space left on device"):
+        lengths = TranslationDataModule(cfg).train_dataloader().dataset.lengths(0)
+    assert len(lengths) == sum(TranslationDataModule(cfg).data.corpus_stats[c]["train"]["kept"] for c in ("a", "b"))
+    assert nbest_caches(cfg) == []  # nothing half-written left to be mistaken for a cache
 
 
 def test_the_draw_follows_sentencepiece_sampling_distribution(corpora):

@@ -9,7 +9,14 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from .cli import check_overrides, one_line_errors
-from .data import DataConfig, PreparedData, TokenBatchSampler, example_lengths, padding_fraction, prepare_data
+from .data import (
+    DataConfig,
+    PreparedData,
+    TokenBatchSampler,
+    TranslationDataModule,
+    example_lengths,
+    padding_fraction,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +111,9 @@ def _split_row(label: str, s: dict, batches: list, lengths: np.ndarray) -> str:
 def main(config: DictConfig) -> None:
     datasets.disable_progress_bars()
     cfg = DataConfig.from_dict(OmegaConf.to_container(config.data, resolve=True))
-    prepared = prepare_data(cfg)
-    print(report(prepared, cfg))
+    data = TranslationDataModule(cfg)
+    data.prepare_data()  # what a run's first rank prepares: with data.sampling_alpha, the n-best lists too
+    print(report(data.prepared, cfg))
 
 
 if __name__ == "__main__":

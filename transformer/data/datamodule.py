@@ -15,7 +15,7 @@ from .mixing import Mixture
 from .prepare import PreparedData, prepare_data
 from .sources import DataError
 from .streaming import StreamingBatches, StreamPosition
-from .subword import ResegmentedDataset, Sampling
+from .subword import NBEST_FORMAT, ResegmentedDataset, Sampling, seeded
 from .tokenizer import SentencePiece
 
 
@@ -30,9 +30,12 @@ class TranslationDataModule(pl.LightningDataModule):
         self._stream_state: list[dict] | None = None  # one per rank
         self._resume_point: tuple[int, int] | None = None
 
-    def prepare_data(self) -> None:  # once per node: trains and encodes, or finds the cache
+    def prepare_data(self) -> None:  # once per node, before its other ranks set up: trains and encodes, or finds caches
         if self.prepared is None:  # already prepared in this process (train.py sets up before fit): nothing to do
             self.prepared = prepare_data(self.cfg)
+        tokenizers = (self.src_tokenizer, self.tgt_tokenizer)
+        if self.cfg.sampling_alpha is not None and seeded(self._sampling(), tokenizers):
+            self._resegmented(self._train_pairs())  # the n-best lists into the cache once; the node's ranks load them
 
     def setup(self, stage: str | None = None) -> None:
         if self.prepared is None:
@@ -114,22 +117,30 @@ class TranslationDataModule(pl.LightningDataModule):
         """Every corpus's training pairs laid end to end, each epoch drawn from by the mixture; or streamed."""
         if self.cfg.streaming:
             return self._stream_loader()
-        trains = self._train_splits()
-        train = trains[0] if len(trains) == 1 else datasets.concatenate_datasets(trains)
-        resegmented = self._resegmented(trains, train) if self.cfg.sampling_alpha is not None else None
+        train = self._train_pairs()
+        resegmented = self._resegmented(train) if self.cfg.sampling_alpha is not None else None
         loader = self._loader(train, True, *self._ranks(), mixture=self.data.mixture, resegmented=resegmented)
         self.train_sampler = loader.batch_sampler
         self._restore_sampler()
         return loader
 
-    def _resegmented(self, trains: list[datasets.Dataset], train: datasets.Dataset) -> ResegmentedDataset:
-        """The training pairs segmented afresh each epoch (data.sampling_alpha), each corpus's tag kept first."""
+    def _train_pairs(self) -> datasets.Dataset:
+        trains = self._train_splits()
+        return trains[0] if len(trains) == 1 else datasets.concatenate_datasets(trains)
+
+    def _sampling(self) -> Sampling:
+        return Sampling(self.cfg.sampling_alpha, self.cfg.nbest_size, self.cfg.seed)
+
+    def _resegmented(self, train: datasets.Dataset) -> ResegmentedDataset:
+        """The training pairs segmented afresh each epoch (data.sampling_alpha), each corpus's tag kept first; their
+        n-best lists cached beside the encoded data (they depend on it, the tokenizers, max_length and nbest_size)."""
+        trains = self._train_splits()
         texts = tuple([t for ds in trains for t in ds[side]] for side in ("src", "tgt"))
         tags = [self.src_tokenizer.tag_id(c.tag) if c.tag else -1 for c in self.cfg.all_corpora().values()]
         tag_ids = np.repeat(tags, [len(ds) for ds in trains])
-        sampling = Sampling(self.cfg.sampling_alpha, self.cfg.nbest_size, self.cfg.seed)
-        return ResegmentedDataset(train, texts, tag_ids, (self.src_tokenizer, self.tgt_tokenizer), sampling,
-                                  self.cfg.max_length)  # fmt: skip
+        cache = self.data.folder / f"nbest{self.cfg.nbest_size}.v{NBEST_FORMAT}"
+        return ResegmentedDataset(train, texts, tag_ids, (self.src_tokenizer, self.tgt_tokenizer),
+                                  self._sampling(), self.cfg.max_length, cache)  # fmt: skip
 
     def _stream_loader(self) -> "StreamLoader":
         """Training batches streamed from the training splits' Arrow shards (transformer/data/streaming.py)."""

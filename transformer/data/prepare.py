@@ -3,6 +3,8 @@
 Cache layout, each folder keyed by a hash of everything it depends on:
     {cache_dir}/{corpora}.{src}-{tgt}.{tokenizer key}/spm.model             (joint; or spm.{lang}.model each)
     {cache_dir}/{corpora}.{src}-{tgt}.{tokenizer key}/encoded.{data key}/{corpus}/   (DatasetDict, Arrow files)
+    {cache_dir}/{corpora}.{src}-{tgt}.{tokenizer key}/encoded.{data key}/nbest{N}.v{format}/  (data.sampling_alpha:
+        the training pairs' n-best segmentations, .npy files; written by the data module, data/subword.py)
 A damaged encoded folder (a truncated Arrow file, say) is found on loading, named in a warning and rebuilt.
 """
 

@@ -2,8 +2,11 @@
 sampling (Kudo 2018 for unigram models, BPE-dropout for BPE ones). Dev and test sets keep their one segmentation."""
 
 import itertools
+import os
+import shutil
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 import numpy as np
 
@@ -11,6 +14,8 @@ from .batching import TokenDataset
 from .tokenizer import SentencePiece
 
 Flat = tuple[np.ndarray, np.ndarray]  # (ids end to end, each row's offset into them), as TokenDataset holds them
+NBEST_FORMAT = 1  # bump when nbest_table's output changes, so cached lists are not reused
+SIDES = ("src", "tgt")
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,56 @@ class NBest:
         ends = np.cumsum(lengths)
         index = np.repeat(starts - (ends - lengths), lengths) + np.arange(ends[-1] if len(ends) else 0)
         return self.values[index].astype(np.int32), np.concatenate([[0], ends])
+
+    def check(self, texts: int, n: int) -> None:
+        """ValueError unless the arrays are those of `texts` texts' n-best lists (what a cut or stale file breaks)."""
+        hyps = len(self.offsets) - 1
+        fits = self.scores.shape == (texts, n) and self.first.shape == (texts,) and hyps >= texts
+        if not (fits and self.offsets[-1] == len(self.values) and (texts == 0 or self.first[-1] < hyps)):
+            raise ValueError(f"{hyps} hypotheses, scores {self.scores.shape}: not {texts} texts' {n}-best lists")
+
+
+def seeded(sampling: Sampling, tokenizers: tuple[SentencePiece, ...]) -> bool:
+    """Whether the draws come from our seeded n-best tables (unigram models, nbest_size > 1), not sentencepiece."""
+    return sampling.nbest_size > 1 and all(tok.model_type == "unigram" for tok in tokenizers)
+
+
+def save_tables(tables: tuple[NBest, NBest], folder: Path) -> None:
+    """Both sides' n-best lists as .npy files in `folder`, written whole or not at all (a rename). A cache that
+    cannot be written (read-only, full) costs the next run the computation again, not this one its training."""
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        for side, table in zip(SIDES, tables):
+            for field in fields(NBest):
+                np.save(tmp / f"{side}.{field.name}.npy", getattr(table, field.name))
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        warnings.warn(f"the n-best lists could not be cached in {folder} ({e}); each run computes them again",
+                      stacklevel=3)  # fmt: skip
+        return
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process (a rank of the same node) finished first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_tables(folder: Path, texts: int, n: int) -> tuple[NBest, NBest] | None:
+    """The n-best lists save_tables wrote, memory-mapped (a node's ranks share one copy in the page cache); None,
+    with a warning naming the folder, when any file is missing or damaged: the caller rebuilds them."""
+    try:
+        tables = tuple(
+            NBest(*(np.load(folder / f"{side}.{field.name}.npy", mmap_mode="r") for field in fields(NBest)))
+            for side in SIDES
+        )
+        for table in tables:
+            table.check(texts, n)
+    except Exception as e:  # any damage: the cache is ours to rebuild from the texts
+        warnings.warn(f"the n-best cache {folder} is damaged ({type(e).__name__}: {str(e)[:200]}); rebuilding it",
+                      stacklevel=3)  # fmt: skip
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    return tables
 
 
 def nbest_table(texts: list[str], tok: SentencePiece, n: int, stored: Flat, max_length: int,
@@ -78,15 +133,16 @@ def nbest_table(texts: list[str], tok: SentencePiece, n: int, stored: Flat, max_
 class ResegmentedDataset(TokenDataset):
     """Training pairs whose ids are an epoch's sampled segmentations: a pure function of (seed, epoch), so an
     epoch reads the same whatever the loader workers, the process and wherever a run resumed. The n-best lists are
-    computed once; each epoch draws from them with a generator seeded by (seed, epoch). The sampler asks for an
-    epoch's lengths (to pack batches) and sets the epoch before the loader starts its workers (which copy the
-    dataset). No pair is dropped or cut: a text whose every segmentation is longer than max_length keeps the
+    computed once per prepared data and cached; each epoch draws from them with a generator seeded by (seed,
+    epoch). The sampler asks for an epoch's lengths (to pack batches) and sets the epoch before the loader starts its
+    workers (which copy the dataset). No pair is dropped or cut: a text whose every segmentation is longer than max_length keeps the
     stored one. BPE-dropout and nbest_size=-1 sample with sentencepiece's own (unseeded) generator instead."""
 
     def __init__(self, ds, texts: tuple[list[str], list[str]], tag_ids: np.ndarray, tokenizers: tuple[SentencePiece,
-                 SentencePiece], sampling: Sampling, max_length: int):  # fmt: skip
+                 SentencePiece], sampling: Sampling, max_length: int, cache: Path | None = None):  # fmt: skip
         """ds: the stored (fixed) ids; texts: the same pairs' source and target texts; tag_ids: per pair, the id put
-        before its source (its corpus's tag), or -1."""
+        before its source (its corpus's tag), or -1; cache: a folder the n-best lists are loaded from, or computed
+        into when it does not exist (one per prepared data, nbest_size and NBEST_FORMAT)."""
         super().__init__(ds)
         if not len(texts[0]) == len(texts[1]) == len(tag_ids) == len(self):
             raise ValueError(f"{len(self)} pairs but {len(texts[0])}/{len(texts[1])} texts and {len(tag_ids)} tags")
@@ -94,9 +150,16 @@ class ResegmentedDataset(TokenDataset):
         self.texts, self.tag_ids, self.tokenizers = texts, np.asarray(tag_ids), tokenizers
         self.sampling, self.max_length = sampling, max_length
         self.tables = None
-        if sampling.nbest_size > 1 and all(tok.model_type == "unigram" for tok in tokenizers):
-            sides = zip(self.texts, self.tokenizers, self.stored, (self.tag_ids, None))
-            self.tables = tuple(nbest_table(x, tok, sampling.nbest_size, s, max_length, t) for x, tok, s, t in sides)
+        if seeded(sampling, tokenizers):
+            if cache is not None and cache.exists():
+                self.tables = load_tables(cache, len(self), sampling.nbest_size)
+            if self.tables is None:
+                sides = zip(self.texts, self.tokenizers, self.stored, (self.tag_ids, None))
+                self.tables = tuple(
+                    nbest_table(x, tok, sampling.nbest_size, s, max_length, t) for x, tok, s, t in sides
+                )
+                if cache is not None:
+                    save_tables(self.tables, cache)
         else:
             warnings.warn(
                 "subword sampling with BPE-dropout or data.nbest_size=-1 draws from sentencepiece's own generator, "
