@@ -16,6 +16,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,18 +188,31 @@ def _load_encoded(folder: Path, names: list[str]) -> tuple[dict[str, datasets.Da
     return corpora, stats
 
 
-def _save(corpora: dict[str, dict[str, datasets.Dataset]], stats: dict, folder: Path) -> None:
+@contextmanager
+def written_whole(folder: Path) -> Iterator[Path]:
+    """A temporary folder beside `folder` to write into, renamed to it when the block ends (atomic: another process
+    sees all of it or nothing); removed if the block raises, or if another process finished first (its copy kept)."""
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    for name, splits in corpora.items():
-        for split, ds in splits.items():
-            with progress_bars_if_large(len(ds)):
-                ds.save_to_disk(str(tmp / name / split), num_shards=max(1, math.ceil(len(ds) / SHARD_PAIRS)))
-        (tmp / name / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}))
-    (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
     try:
-        tmp.rename(folder)  # atomic: another process sees all of it or nothing
-    except OSError:  # another process finished first: keep its copy
+        tmp.mkdir(parents=True, exist_ok=True)
+        yield tmp
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        tmp.rename(folder)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save(corpora: dict[str, dict[str, datasets.Dataset]], stats: dict, folder: Path) -> None:
+    with written_whole(folder) as tmp:
+        for name, splits in corpora.items():
+            for split, ds in splits.items():
+                with progress_bars_if_large(len(ds)):
+                    ds.save_to_disk(str(tmp / name / split), num_shards=max(1, math.ceil(len(ds) / SHARD_PAIRS)))
+            (tmp / name / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}))
+        (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
 
 
 def prepare_data(cfg: DataConfig) -> PreparedData:

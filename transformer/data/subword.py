@@ -2,7 +2,6 @@
 sampling (Kudo 2018 for unigram models, BPE-dropout for BPE ones). Dev and test sets keep their one segmentation."""
 
 import itertools
-import os
 import shutil
 import warnings
 from dataclasses import dataclass, fields
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .batching import TokenDataset
+from .prepare import written_whole
 from .tokenizer import SentencePiece
 
 Flat = tuple[np.ndarray, np.ndarray]  # (ids end to end, each row's offset into them), as TokenDataset holds them
@@ -60,21 +60,14 @@ def seeded(sampling: Sampling, tokenizers: tuple[SentencePiece, ...]) -> bool:
 def save_tables(tables: tuple[NBest, NBest], folder: Path) -> None:
     """Both sides' n-best lists as .npy files in `folder`, written whole or not at all (a rename). A cache that
     cannot be written (read-only, full) costs the next run the computation again, not this one its training."""
-    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     try:
-        tmp.mkdir(parents=True, exist_ok=True)
-        for side, table in zip(SIDES, tables):
-            for field in fields(NBest):
-                np.save(tmp / f"{side}.{field.name}.npy", getattr(table, field.name))
+        with written_whole(folder) as tmp:
+            for side, table in zip(SIDES, tables):
+                for field in fields(NBest):
+                    np.save(tmp / f"{side}.{field.name}.npy", getattr(table, field.name))
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         warnings.warn(f"the n-best lists could not be cached in {folder} ({e}); each run computes them again",
                       stacklevel=3)  # fmt: skip
-        return
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process (a rank of the same node) finished first: keep its copy
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_tables(folder: Path, texts: int, n: int) -> tuple[NBest, NBest] | None:
@@ -135,8 +128,8 @@ class ResegmentedDataset(TokenDataset):
     epoch reads the same whatever the loader workers, the process and wherever a run resumed. The n-best lists are
     computed once per prepared data and cached; each epoch draws from them with a generator seeded by (seed,
     epoch). The sampler asks for an epoch's lengths (to pack batches) and sets the epoch before the loader starts its
-    workers (which copy the dataset). No pair is dropped or cut: a text whose every segmentation is longer than max_length keeps the
-    stored one. BPE-dropout and nbest_size=-1 sample with sentencepiece's own (unseeded) generator instead."""
+    workers (which copy the dataset). No pair is dropped or cut: a text whose every segmentation is longer than
+    max_length keeps the stored one. BPE-dropout and nbest_size=-1 sample with sentencepiece's own (unseeded) generator instead."""
 
     def __init__(self, ds, texts: tuple[list[str], list[str]], tag_ids: np.ndarray, tokenizers: tuple[SentencePiece,
                  SentencePiece], sampling: Sampling, max_length: int, cache: Path | None = None):  # fmt: skip
