@@ -1,19 +1,25 @@
-"""The prepared GPU check (issue 7), under 10 minutes on one H100/H200-class GPU:
+"""The prepared GPU check: one script, within 8 minutes on one H200, every figure from real training runs
+(`python -m transformer.train`: Lightning, the GPU recipe's config, logging on). It writes each result to
+OUT/gpu_check.md as it comes, most important first:
 
-1. SDPA's flash kernel is selected: decoder self-attention runs with SDPA restricted to flash, and a whole
-   training step runs with every attention forced to flash (padding-free encoder and cross attention); a training
-   step runs without host syncs (torch.cuda.set_sync_debug_mode("error"));
-2. bf16 training throughput and model FLOPs utilisation of the base model on Multi30k batches, padded
-   against padding-free attention;
-3. the GPU recipe's first minutes (experiment=multi30k_de_en_gpu), then greedy BLEU of its last checkpoint.
+1. the environment;
+2. the kernels a training step of the recipe launches (torch.profiler), beside those predicted for it on a CPU
+   (scripts/predict_kernels.py);
+3. host syncs over 10 steps (torch.cuda.set_sync_debug_mode("warn")): one per step is expected, the step's readout;
+4. MFU of the base and big models: analytic FLOPs of the real (unpadded) tokens over the device's own bf16 peak;
+5. the GPU recipe for --recipe-steps steps, with its closing line (training steps' share of the wall clock), then one
+   beam-5 evaluate of its last checkpoint;
+6. runtime.attention_backend=flash (padding-free) through training, validation BLEU and translate.
+DDP is not checked: one GPU cannot show it.
 
-    python scripts/gpu_check.py --out OUT [--recipe-minutes 4] [--peak-tflops 989]
-
-Needs the Multi30k files in data/multi30k. Prints each result as it comes and writes OUT/gpu_check.md.
+    python scripts/gpu_check.py --stage          # once, where the data is: copies Multi30k (2.5 MB) beside this script
+    python scripts/gpu_check.py --out OUT        # on the GPU machine (the device tool: carry scripts/gpu_check_data)
+    python scripts/gpu_check.py --smoke --out OUT  # on a CPU: the tiny model, a few steps, to check the script itself
 """
 
 import argparse
-import statistics
+import json
+import shutil
 import subprocess
 import sys
 import time
@@ -21,122 +27,177 @@ from pathlib import Path
 
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
-
-from transformer.benchmarks.training import batch_loss, train_steps
-from transformer.data import DataConfig, TranslationDataModule
-from transformer.model import ModelConfig, MultiHeadAttention, RuntimeConfig, build_model
 
 ROOT = Path(__file__).resolve().parents[1]
+STAGED = Path(__file__).resolve().parent / "gpu_check_data" / "multi30k"
+RECIPE = "experiment=multi30k_de_en_gpu"
+PROBES = "transformer.benchmarks.gpu"
+NO_CHECKPOINTS = ["~callbacks.last_checkpoint", "~callbacks.best_checkpoint", "~callbacks.epoch_checkpoints"]
 
 
-def flash_selected(device: str) -> str:
-    attention = MultiHeadAttention(512, 8).to(device)
-    x = torch.randn(8, 128, 512, device=device)
-    with torch.autocast(device, dtype=torch.bfloat16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        attention(x, is_causal=True)[0].sum().backward()  # raises if flash cannot run this
-    return "decoder self-attention (causal, bf16) runs with SDPA restricted to flash: yes"
+def find_multi30k(given: Path | None) -> Path:
+    """The Multi30k files: where given, in data/multi30k if its link resolves here, or staged beside this script."""
+    for folder in [given] if given else [ROOT / "data" / "multi30k", STAGED, ROOT.parent / "shared/data/multi30k"]:
+        if folder is not None and (folder / "train.de.gz").is_file():
+            return folder.resolve()
+    raise SystemExit(f"no Multi30k found (data/multi30k, {STAGED}); run `python scripts/gpu_check.py --stage` where "
+                     "it is, and bring scripts/gpu_check_data along")  # fmt: skip
 
 
-def no_host_sync(data, device: str) -> list[str]:
-    """Training steps (forward, the project's loss, backward, fused AdamW) of the base model, padded and
-    padding-free, under CUDA's sync debug mode "error": any host-device synchronisation in them raises."""
-    if device != "cuda":
-        return ["training step without host syncs: not checked (no CUDA)"]
-    tok, results = data.src_tokenizer, []
-    cfg = ModelConfig.from_size("base", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-    loader = iter(data.train_dataloader())
-    batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in next(loader).items()} for _ in range(3)]
-    for padding_free in (False, True):
-        model = build_model(cfg, RuntimeConfig(padding_free_attention=padding_free)).to(device).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        train_steps(model, optimizer, batches[:1], "bf16", tok.pad_id)  # warm-up: lazy initialisation may sync
-        name = "padding-free" if padding_free else "padded"
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for batch in batches[1:]:  # train_steps' own loop, less its closing synchronize
-                with torch.autocast(device, dtype=torch.bfloat16):
-                    loss = batch_loss(model, batch, tok.pad_id, 0.1)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-            results.append(f'{name} training step without host syncs: yes (2 steps, set_sync_debug_mode("error"))')
-        except RuntimeError as e:
-            results.append(f"{name} training step without host syncs: FAILED ({str(e).splitlines()[0][:160]})")
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return results
+class Report:
+    def __init__(self, out: Path):
+        self.path = out / "gpu_check.md"
+        self.path.write_text("")
+
+    def __call__(self, text: str) -> None:
+        print(text, flush=True)
+        with self.path.open("a") as f:
+            f.write(text + "\n")
 
 
-def throughput(data, size: str, padding_free: bool, backend: str, device: str, steps: int, peak_tflops: float):
-    tok = data.src_tokenizer
-    cfg = ModelConfig.from_size(size, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-    runtime = RuntimeConfig(attention_backend=backend, padding_free_attention=padding_free)
-    model = build_model(cfg, runtime).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
-    loader = iter(data.train_dataloader())
-    batches = [
-        {k: v.to(device) if torch.is_tensor(v) else v for k, v in next(loader).items()} for _ in range(steps + 3)
-    ]
+class Check:
+    """Runs the stages as subprocesses of this project's commands, each with its own folder under OUT."""
 
-    with FlopCounterMode(display=False) as counter:
-        train_steps(model, optimizer, batches[:1], "bf16", tok.pad_id)
-    flops_per_token = counter.get_total_flops() / int(batches[0]["tgt_out"].ne(tok.pad_id).sum())
-    train_steps(model, optimizer, batches[1:3], "bf16", tok.pad_id)  # warm-up
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    seconds, tokens = train_steps(model, optimizer, batches[3:], "bf16", tok.pad_id)
-    mfu = tokens * flops_per_token / seconds / (peak_tflops * 1e12)
-    memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    return tokens / seconds, mfu, memory
+    def __init__(self, args, data: Path, report: Report):
+        self.args, self.report, self.out = args, report, args.out
+        self.common = [f"data.path={data}", f"data.cache_dir={args.out / 'cache'}", "trainer.enable_progress_bar=false"]
+        if args.smoke:
+            self.common.append("model.size=tiny")
+        self.deadline = time.monotonic() + args.minutes * 60
+
+    def run(self, name: str, module: str, *overrides: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        left = self.deadline - time.monotonic()
+        if left < 20:
+            raise TimeoutError(f"{name}: skipped, the {self.args.minutes} minutes are spent")
+        extra = self.common if module == "transformer.train" else []
+        folder = self.out / name
+        done = subprocess.run([sys.executable, "-m", module, *overrides, *extra, f"hydra.run.dir={folder}"],
+                              cwd=ROOT, capture_output=True, text=True, input=stdin, timeout=left)  # fmt: skip
+        (self.out / f"{name}.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
+            raise RuntimeError(f"{name}: exit {done.returncode}: {tail} (log: {self.out / name}.log)")
+        return done
+
+    def probe(self, name: str) -> dict:
+        return json.loads((self.out / name / "probes" / f"{name.split('_')[0]}.json").read_text())
+
+
+def environment(report: Report) -> None:
+    lines = [f"- torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"]
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        lines.append(f"- {torch.cuda.get_device_name(0)}: sm{p.major}{p.minor}, {p.multi_processor_count} SMs, "
+                     f"{p.total_memory / 2**30:.0f} GiB; {torch.cuda.device_count()} visible")  # fmt: skip
+    else:
+        lines.append("- no GPU: a smoke run of the script on the CPU, its figures say nothing of a GPU")
+    lines.append("- DDP is not checked here: one GPU cannot show it (tests/test_host_syncs.py runs 2 CPU ranks)")
+    report("## Environment\n" + "\n".join(lines))
+
+
+def kernels_and_syncs(check: Check, report: Report) -> None:
+    steps = 8 if check.args.smoke else 16
+    check.run("kernels", "transformer.train", RECIPE, f"trainer.max_steps={steps}", "trainer.limit_val_batches=0",
+              *NO_CHECKPOINTS, f"+callbacks.kernels._target_={PROBES}.KernelNames",
+              f"+callbacks.kernels.out={check.out / 'kernels' / 'probes'}",
+              f"+callbacks.syncs._target_={PROBES}.SyncWarnings", "+callbacks.syncs.first=4",
+              f"+callbacks.syncs.steps={steps - 6}", f"+callbacks.syncs.out={check.out / 'kernels' / 'probes'}")  # fmt: skip
+    found = json.loads((check.out / "kernels" / "probes" / "kernels.json").read_text())
+    lines = [f"- {family}: {', '.join(f'{k[0][:70]} x{k[1]}' for k in kernels[:3]) or 'none'}"
+             for family, kernels in found["attention"].items()]  # fmt: skip
+    top = "\n".join(f"| {name[:90]} | {count} | {ms:.2f} |" for name, count, ms in found["kernels"][:12])
+    from transformer.kernel_calls import predicted_kernels
+
+    predicted = predicted_kernels([RECIPE, *(["model.size=tiny"] if check.args.smoke else [])], ("training step",))
+    report(f"## Kernels of {found['steps']} training steps of the recipe (torch.profiler)\nAttention kernels by family:\n"
+           + "\n".join(lines) + f"\n\n| kernel | calls | GPU ms |\n|---|---:|---:|\n{top}\n\nPredicted (CPU record):\n"
+           + predicted)  # fmt: skip
+    syncs = json.loads((check.out / "kernels" / "probes" / "syncs.json").read_text())
+    where = ", ".join(f"{place} x{n}" for place, n in syncs["where"])
+    report(f"## Host syncs\n- {syncs['syncs']} in {syncs['steps']} optimizer steps (expected: 1 per step, "
+           f"module.py's readout): {where or 'none'}")  # fmt: skip
+
+
+def mfu(check: Check, report: Report) -> None:
+    first, steps = (2, 6) if check.args.smoke else (20, check.args.mfu_steps)
+    rows = ["| model | target tok/s | TFLOP/s | peak | MFU |", "|---|---:|---:|---:|---:|"]
+    for size in ("base", "big"):
+        name = f"throughput_{size}"
+        check.run(name, "transformer.train", RECIPE, f"model={size}", f"trainer.max_steps={first + steps}",
+                  "trainer.limit_val_batches=0", *NO_CHECKPOINTS, f"+callbacks.throughput._target_={PROBES}.Throughput",
+                  f"+callbacks.throughput.first={first}", f"+callbacks.throughput.out={check.out / name / 'probes'}",
+                  *(["model.size=tiny"] if check.args.smoke else []))  # fmt: skip
+        t = check.probe(name)
+        peak = f"{t['peak_tflops']:.0f}" if t["peak_tflops"] else "unknown"
+        share = f"{t['mfu']:.1%}" if t["mfu"] else "n/a"
+        rows.append(f"| {size} | {t['target_tokens_per_s']:,.0f} | {t['tflops']:.1f} | {peak} | {share} |")
+    report(f"## MFU through the Trainer (the recipe's batches and precision, steps {first}-{first + steps})\n"
+           + "\n".join(rows))  # fmt: skip
+
+
+def recipe(check: Check, report: Report) -> None:
+    steps = 40 if check.args.smoke else check.args.recipe_steps
+    start = time.monotonic()
+    done = check.run("recipe", "transformer.train", RECIPE, f"trainer.max_steps={steps}",
+                     *(["trainer.val_check_interval=20", "validation.bleu_max_sentences=50"] if check.args.smoke else []))  # fmt: skip
+    clock = next((line for line in done.stderr.splitlines() if line.startswith("wall clock:")), "no wall clock line")
+    report(f"## The GPU recipe for {steps} steps ({time.monotonic() - start:.0f} s with start-up)\n- {clock}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    split, beam = ("val", 2) if check.args.smoke else ("test_2016_flickr", 5)
+    evaluated = check.run("recipe_evaluate", "transformer.evaluate", f"ckpt_path={check.out / 'recipe/checkpoints/last.ckpt'}",
+                          f"device={device}", f"split={split}", f"beam_size={beam}")  # fmt: skip
+    bleu = next((line for line in evaluated.stdout.splitlines() if line.startswith("BLEU")), evaluated.stdout[-300:])
+    report(f"- last checkpoint, beam {beam}, {split}: {bleu}")
+
+
+def flash(check: Check, report: Report) -> None:
+    # on a CPU the flash kernel takes no nested tensors: the smoke run goes the padding-free way with auto
+    backend = "auto" if check.args.smoke else "flash"
+    kernel = [f"runtime.attention_backend={backend}", "runtime.padding_free_attention=true"]
+    check.run("flash", "transformer.train", RECIPE, *kernel, "trainer.max_steps=60", "trainer.val_check_interval=60",
+              "validation.bleu_max_sentences=300", *NO_CHECKPOINTS[1:])  # fmt: skip
+    events = EventAccumulator(str(check.out / "flash" / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    bleu = [f"{e.value:.2f}" for e in events.Scalars("val/bleu")] if "val/bleu" in events.Tags()["scalars"] else []
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    translated = check.run("flash_translate", "transformer.translate", f"ckpt_path={check.out / 'flash/checkpoints/last.ckpt'}",
+                           *kernel, f"device={device}", "precision=bf16" if device == "cuda" else "precision=32",
+                           stdin="Ein Hund läuft über die Wiese.\nZwei Männer spielen Fußball.\n")  # fmt: skip
+    report(f"## runtime.attention_backend={backend}, padding-free: trained 60 steps, validated (greedy BLEU on 300 "
+           f"sentences: {bleu[-1] if bleu else 'not shown'}), translated:\n"
+           + "\n".join(f"- {line}" for line in translated.stdout.splitlines()))  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--recipe-minutes", type=int, default=4)
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM: 989)")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu_check")
+    parser.add_argument("--data", type=Path, help="the Multi30k folder (default: found, see find_multi30k)")
+    parser.add_argument("--stage", action="store_true", help="copy Multi30k beside this script, then stop")
+    parser.add_argument("--smoke", action="store_true", help="the tiny model and a few steps: checks the script")
+    parser.add_argument("--minutes", type=float, default=8.0, help="stages that would start later are skipped")
+    parser.add_argument("--mfu-steps", type=int, default=40)
+    parser.add_argument("--recipe-steps", type=int, default=1000)
     args = parser.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    data = find_multi30k(args.data)
+    if args.stage:
+        STAGED.mkdir(parents=True, exist_ok=True)
+        for file in data.glob("*.gz"):
+            shutil.copyfile(file, STAGED / file.name)  # the files, not a link: the GPU machine has no target
+        print(f"copied {len(list(STAGED.glob('*.gz')))} files into {STAGED}")
+        return
     args.out.mkdir(parents=True, exist_ok=True)
-    lines = [f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}"]
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        lines.append(line)
-        (args.out / "gpu_check.md").write_text("\n".join(lines) + "\n")
-
-    say(lines.pop())
-    say(flash_selected(device))
-    data = TranslationDataModule(DataConfig(max_tokens=16384))
-    data.setup()
-    for line in no_host_sync(data, device):
-        say(line)
-    say("| model | attention | target tok/s | MFU | peak memory GiB |\n|---|---|---:|---:|---:|")
-    for size in ("small", "base"):
-        runs = [("padded, auto", False, "auto"), ("padding-free, auto", True, "auto"), ("padding-free, flash", True, "flash")]  # fmt: skip
-        for name, padding_free, backend in runs:
-            try:
-                rate, mfu, memory = throughput(data, size, padding_free, backend, device, args.steps, args.peak_tflops)
-                say(f"| {size} | {name} | {rate:,.0f} | {mfu:.1%} | {memory:.1f} |")
-            except RuntimeError as e:
-                say(f"| {size} | {name} | failed: {str(e).splitlines()[0][:120]} | | |")
-    run = args.out / "gpu_recipe"
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "transformer.train", "experiment=multi30k_de_en_gpu", f"hydra.run.dir={run}",
-                    f"trainer.max_time=00:00:{args.recipe_minutes:02d}:00", "trainer.enable_progress_bar=false"],
-                   cwd=ROOT, check=True)  # fmt: skip
-    say(f"GPU recipe: {args.recipe_minutes} minutes of training took {time.perf_counter() - start:.0f} s in all")
-    done = subprocess.run([sys.executable, "-m", "transformer.evaluate", f"ckpt_path={run}/checkpoints/last.ckpt",
-                           "beam_size=1", f"device={device}"],
-                          cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
-    say("GPU recipe, last checkpoint, greedy, test_2016_flickr:\n" + done.stdout.strip())
-    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
-    events.Reload()
-    rates = [e.value for e in events.Scalars("train/tokens_per_s")]
-    say(f"GPU recipe: median {statistics.median(rates):,.0f} target tok/s over {len(rates)} logged steps")
+    report = Report(args.out)
+    environment(report)
+    check = Check(args, data, report)
+    failed = 0
+    for stage in (kernels_and_syncs, mfu, recipe, flash):
+        try:
+            stage(check, report)
+        except (RuntimeError, TimeoutError, subprocess.TimeoutExpired, OSError, KeyError, StopIteration) as e:
+            failed += 1
+            report(f"## {stage.__name__}: FAILED\n- {e}")
+    report(f"\n{failed} of 4 stages failed" if failed else "\nall stages ran")
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 """The training step's forward and backward compile as one graph: nothing in the hot path waits on the device (a
 sync, a data-dependent shape or branch would break the graph, and fullgraph=True makes that an error)."""
 
+import functools
+
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import torch
+from torch._dynamo.utils import counters
 
 from transformer.data.batching import Collate
 from transformer.model import ModelConfig, SequenceLayout, build_model
 from transformer.model.loss import loss_sum
+
+from .helpers import callback, run_train, tiny_data, write_text_corpus
 
 V = 23
 BATCH_KEYS = ("src", "tgt_in", "tgt_out", "src_lengths", "src_padded", "src_tokens", "tgt_tokens")
@@ -63,3 +69,40 @@ def test_training_forward_and_backward_capture_as_one_graph():
 @pytest.mark.slow  # inductor compiles C++ kernels: about a minute on 2 cores
 def test_training_forward_and_backward_compile_with_inductor():
     check_compiled_training_step_equals_eager("inductor")
+
+
+class CompiledGraphs(pl.Callback):
+    """Dynamo's count of graphs (a recompile adds one) and graph breaks, read when training ends."""
+
+    def on_train_end(self, trainer, module):
+        self.graphs = counters["stats"]["unique_graphs"]
+        self.breaks = sum(counters["graph_break"].values())
+
+
+def test_a_compiled_run_recompiles_a_bounded_number_of_times(tmp_path, monkeypatch):
+    """200 steps of batches whose every size differs (62 shapes here), validated every 50 steps: one graph per kind
+    of batch (padded sources or not) and grad mode, whatever the sizes; no graph break, which would run the rest of
+    the forward uncompiled. Dynamo's tracing alone (backend eager): recompiles are decided before any backend."""
+    write_text_corpus(tmp_path / "c", {"train": 3000, "val": 20, "test": 20})
+    compile_eagerly = functools.partial(torch.compile, backend="eager")
+    monkeypatch.setattr(torch, "compile", compile_eagerly)
+    torch._dynamo.reset()
+    counters.clear()
+    trainer = run_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny",
+                                           "compile=true", "data.max_tokens=600", "trainer.max_steps=200",
+                                           "trainer.val_check_interval=50", "validation.bleu_every=0",
+                                           "trainer.precision=32", "trainer.enable_progress_bar=false", "~logger",
+                                           "+callbacks.graphs._target_=tests.test_compile.CompiledGraphs"])  # fmt: skip
+    seen = callback(trainer, CompiledGraphs)
+    assert trainer.global_step == 200
+    assert seen.breaks == 0 and seen.graphs <= 4, (seen.graphs, seen.breaks)
+    assert counters["frames"]["ok"] == counters["frames"]["total"]  # no frame left to run uncompiled
+
+
+def test_compile_with_padding_free_attention_is_refused_before_the_data(tmp_path):
+    """Nested tensors' lengths are read on the host inside attention: a graph break at every layer (36 and 32 graphs
+    in the 200 steps above at a5a9816), so the pair is refused in one line."""
+    with pytest.raises(ValueError, match=r"^compile=true with runtime.padding_free_attention=true breaks"):
+        run_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "compile=true",
+                                     "runtime.padding_free_attention=true"])  # fmt: skip
+    assert not (tmp_path / "cache").exists()

@@ -10,7 +10,8 @@ import torch
 from .data.batching import TokenBatchSampler
 from .data.tokenizer import SentencePiece
 from .decoding import MAX_LEN_A, MAX_LEN_B, Hypothesis, beam_search, greedy_search
-from .model import ModelConfig, RuntimeConfig, build_model
+from .model import ModelConfig, RuntimeConfig, build_model, use_deterministic_algorithms
+from .model.kernels import check_backend
 from .training.resume import load_checkpoint
 
 PRECISIONS = ("32", "bf16")
@@ -67,7 +68,10 @@ class Translator:
                 f"ckpt_path={path} holds no weight average (trained without optim.ema_decay); drop ema=true"
             )
         self.model_config = ModelConfig.from_dict(hparams["model"])
-        self.model = build_model(self.model_config, runtime or RuntimeConfig())
+        self.runtime = runtime or RuntimeConfig()
+        if self.runtime.deterministic:
+            use_deterministic_algorithms()
+        self.model = build_model(self.model_config, self.runtime)
         # the average covers the parameters; buffers (none that training changes) come from the weights
         states = [checkpoint["state_dict"]] + ([checkpoint["ema_state_dict"]] if ema else [])
         weights = {k.removeprefix("model."): v for state in states for k, v in state.items() if k.startswith("model.")}
@@ -115,6 +119,7 @@ class Translator:
         check_nbest(nbest, search)
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+        check_backend(self.model_config, self.runtime, self.device.type, precision == "bf16", training=False)
         results: list = [None] * len(sources)
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()

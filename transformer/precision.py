@@ -45,6 +45,13 @@ def cpu_precision(speedup: float) -> str:
     return "bf16-mixed" if speedup >= MIN_SPEEDUP else "32-true"
 
 
+def device_type(accelerator: str = "auto") -> str:
+    """The device trainer.accelerator trains on: cuda where it names or finds a GPU, else cpu (or what it names)."""
+    if accelerator in ("auto", "gpu", "cuda"):
+        return "cuda" if torch.cuda.is_available() or accelerator != "auto" else "cpu"
+    return accelerator
+
+
 def resolve_precision(precision, accelerator: str = "auto", resumed: str | None = None) -> tuple[object, str | None]:
     """A Lightning precision for trainer.precision, and for `auto` a line saying what it chose and why. `resumed`:
     the precision of the checkpoint a run resumes, which a CPU keeps rather than probe again (exact resume)."""

@@ -20,11 +20,13 @@ from .allocator import allocator_hint
 from .cli import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .model import ModelConfig, RuntimeConfig
-from .precision import resolve_precision
+from .model.kernels import check_backend
+from .precision import device_type, resolve_precision
 from .training import OptimConfig, TranslationModule, ValidationConfig
 from .training.checkpoint import AtomicCheckpointIO, RunFolderLock, check_monitors
 from .training.errors import TrainingError
 from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path
+from .training.strategy import training_strategy
 
 # ExactResume restores the batch sampler's position itself, which Lightning cannot see.
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
@@ -46,9 +48,12 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     plain = OmegaConf.to_container(cfg, resolve=True)
     # Checked before the precision probe and the data, whose tokenizer and encoding can take minutes: the vocabulary
     # is a placeholder here, the tokenizer's below
-    sized_model(plain["model"], src_vocab_size=2, tgt_vocab_size=2, pad_id=0)
+    architecture = sized_model(plain["model"], src_vocab_size=2, tgt_vocab_size=2, pad_id=0)
     optim, validation = OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"])
     runtime, data_config = RuntimeConfig(**plain["runtime"]), DataConfig.from_dict(plain["data"])
+    if cfg.compile and runtime.padding_free_attention:
+        raise ValueError("compile=true with runtime.padding_free_attention=true breaks the graph at every attention "
+                         "layer (nested tensors' lengths are read on the host); drop one of them")  # fmt: skip
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
     trainer_args = plain["trainer"]
@@ -57,6 +62,12 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         resumed=checkpoint.get("precision") if checkpoint else None,
     )  # fmt: skip
     check_trainer_args(trainer_args, pl.Trainer)
+    if runtime.deterministic:  # Lightning sets what use_deterministic_algorithms does, and keeps it so
+        trainer_args["deterministic"] = True
+    check_backend(architecture, runtime, device_type(trainer_args.get("accelerator", "auto")),
+                  reduced_precision="16" in str(trainer_args["precision"]))  # fmt: skip
+    trainer_args["strategy"] = training_strategy(trainer_args.get("strategy", "auto"), trainer_args.get("devices"),
+                                                 trainer_args.get("num_nodes", 1))  # fmt: skip
     pl.seed_everything(cfg.seed, workers=True)
     data = TranslationDataModule(data_config)
     data.setup()
@@ -67,7 +78,9 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         check_resumable(checkpoint, ckpt_path, model, tokenizers)
         del checkpoint  # trainer.fit loads it again; do not hold two copies
     if cfg.compile:
-        module.model.compile()  # in place: parameter names, and so checkpoints, stay those of the plain model
+        # in place: parameter names, and so checkpoints, stay those of the plain model. dynamic: every batch has
+        # other sizes, so they are symbols from the first trace on, not after a recompile or two of static ones
+        module.model.compile(dynamic=True)
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     check_monitors(callbacks, TranslationModule.validation_metrics(list(data.validation_sets)))
     trainer = pl.Trainer(

@@ -70,13 +70,15 @@ class LossFile(LossRecorder):
 
 
 class SignalAt(pl.Callback):
-    """Sends this process a real signal at the start of a given optimizer step."""
+    """Sends this process a real signal at the start of a given optimizer step (under DDP: on `rank` only, if given)."""
 
-    def __init__(self, step: int, signum: int = int(signal.SIGTERM)):
-        self.step, self.signum = step, signum
+    def __init__(self, step: int, signum: int = int(signal.SIGTERM), rank: int | None = None):
+        self.step, self.signum, self.rank = step, signum, rank
+        self.sent = False
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank) and not self.sent:
+            self.sent = True
             os.kill(os.getpid(), self.signum)
 
 

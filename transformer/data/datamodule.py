@@ -100,6 +100,10 @@ class TranslationDataModule(pl.LightningDataModule):
     def _worker_start(self) -> str | None:
         return self.cfg.worker_start if self.cfg.num_workers > 0 else None  # a start method needs workers
 
+    def _on_cuda(self) -> bool:
+        trainer = getattr(self, "trainer", None)
+        return trainer is not None and trainer.strategy.root_device.type == "cuda"
+
     def _loader(self, ds: datasets.Dataset, shuffle: bool, num_replicas: int = 1, rank: int = 0,
                 mixture: Mixture | None = None, resegmented: ResegmentedDataset | None = None) -> DataLoader:  # fmt: skip
         sampler = TokenBatchSampler(example_lengths(ds), self.cfg.max_tokens, shuffle=shuffle, seed=self.cfg.seed,
@@ -108,6 +112,10 @@ class TranslationDataModule(pl.LightningDataModule):
         return DataLoader(
             resegmented or TokenDataset(ds), batch_sampler=sampler, collate_fn=self._collate(),
             num_workers=self.cfg.num_workers, multiprocessing_context=self._worker_start(),
+            # workers kept from epoch to epoch and validation to validation, unless each epoch's segmentation
+            # (subword sampling) must reach them anew; batches in page-locked memory on a GPU, which Lightning then
+            # copies without waiting (non_blocking)
+            persistent_workers=self.cfg.num_workers > 0 and resegmented is None, pin_memory=self._on_cuda(),
             # its own generator: starting an iteration otherwise draws from the global RNG, which dropout
             # uses, and a resumed run would then see different dropout masks than an uninterrupted one
             generator=torch.Generator().manual_seed(self.cfg.seed),
@@ -154,7 +162,8 @@ class TranslationDataModule(pl.LightningDataModule):
         )  # fmt: skip
         self.stream_position = StreamPosition(self.cfg.num_workers)
         self._restore_sampler()
-        return StreamLoader(dataset, self.stream_position, self.cfg.num_workers, self.cfg.seed, self._worker_start())
+        return StreamLoader(dataset, self.stream_position, self.cfg.num_workers, self.cfg.seed, self._worker_start(),
+                            self._on_cuda())  # fmt: skip
 
     def _epoch_batches(self) -> int:
         """About as many batches as the in-memory sampler makes of an epoch's pairs (from prepare's mean lengths;
@@ -224,13 +233,14 @@ class StreamLoader(DataLoader):
     new processes each epoch), and knows its epoch's length."""
 
     def __init__(self, dataset: StreamingBatches, position: StreamPosition, num_workers: int, seed: int,
-                 worker_start: str | None = None):  # fmt: skip
+                 worker_start: str | None = None, pin_memory: bool = False):  # fmt: skip
         super().__init__(
             dataset,
             batch_size=None,
             num_workers=num_workers,
             generator=torch.Generator().manual_seed(seed),
             multiprocessing_context=worker_start,
+            pin_memory=pin_memory,  # workers start anew each epoch, handed their streams' places in __iter__
         )  # fmt: skip  (as _loader: not the global RNG)
         self.position = position
 

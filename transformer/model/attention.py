@@ -94,6 +94,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: floa
         y, weights = explicit_attention(q, k, v, mask.explicit, dropout_p)
         weights = weights if need_weights else None
     else:
+        if backend == "flash" and mask.sdpa is not None and q.is_cuda:  # SDPA would only say "No available kernel"
+            raise ValueError("a GPU's flash attention takes no mask: pack the real tokens instead (padding_free=True, "
+                             "runtime.padding_free_attention=true) or choose another backend")  # fmt: skip
         with sdpa_backend(backend):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask.sdpa, dropout_p=dropout_p, is_causal=mask.is_causal

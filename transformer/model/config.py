@@ -1,7 +1,10 @@
 """What the model is (ModelConfig, saved in a checkpoint's hyperparameters) and how it runs (RuntimeConfig, chosen
 anew by every training, evaluation or translation): plain numbers and strings."""
 
+import os
 from dataclasses import dataclass, fields
+
+import torch
 
 from ..config_check import check_field_types
 from .attention import SDPA_BACKENDS
@@ -84,6 +87,7 @@ class RuntimeConfig:
     attention_backend: str = "auto"  # SDPA kernel: auto, flash, efficient, cudnn, math
     padding_free_attention: bool = False  # encoder and cross attention over real tokens only (nested jagged SDPA)
     activation_checkpointing: bool = False  # training recomputes each layer's activations in backward: less memory
+    deterministic: bool = False  # deterministic kernels (use_deterministic_algorithms): a GPU resumes exactly, slower
 
     def __post_init__(self):
         check_field_types(self, "runtime")
@@ -92,3 +96,12 @@ class RuntimeConfig:
 
 
 RUNTIME_FIELDS = frozenset(f.name for f in fields(RuntimeConfig))
+
+
+def use_deterministic_algorithms() -> None:
+    """What runtime.deterministic does before anything runs, as Lightning's Trainer(deterministic=True) does:
+    PyTorch's deterministic algorithms (index_select's and flash and efficient attention's backward among them; cuDNN's
+    attention is passed over), cuBLAS's fixed workspace (read when it starts), no cuDNN autotuning."""
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"

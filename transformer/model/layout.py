@@ -60,7 +60,11 @@ class SequenceLayout:
         return cls(lengths, width, padded, empty_rows, longest, padding, index, offsets)
 
     def __getitem__(self, rows: Tensor) -> "SequenceLayout":
-        """The layout of batch rows `rows` (finished sentences leave a search, beams multiply rows). Its host fields
-        stay those of this batch, which remain true bounds; it does not pack."""
+        """The layout of batch rows `rows` (finished sentences leave a search, beams multiply rows). A layout that
+        packs gives one that packs, worked out anew at the cost of one sync (searches only: training never selects
+        rows), so that a search's later steps stay padding-free; otherwise the host fields stay this batch's, which
+        remain true bounds, and it does not pack."""
         padding = None if self.padding is None else self.padding[rows]
+        if self.index is not None:
+            return SequenceLayout.from_padding(padding, packed=True)
         return SequenceLayout(self.lengths[rows], self.width, self.padded, self.empty_rows, self.longest, padding)

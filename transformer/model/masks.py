@@ -107,13 +107,15 @@ def attention_mask(
     return AttentionMask(mask, False, mask, dead)
 
 
-def key_padding(layout: SequenceLayout, self_attention: bool = False, pack: bool = True) -> AttentionMask:
-    """Keys padded as `layout` says (encoder self-attention, cross-attention), nothing else; with `pack`, packable
-    where the layout packs and no sentence is empty."""
-    # q_len=1: key padding is the same for every query, and broadcasts to any number of them
-    mask = attention_mask(layout.padding, None, batch=len(layout.lengths), heads=1, q_len=1, k_len=layout.width,
+def key_padding(layout: SequenceLayout, self_attention: bool = False) -> AttentionMask:
+    """Keys padded as `layout` says (encoder self-attention, cross-attention), nothing else; packable where the
+    layout packs and no sentence is empty."""
+    # q_len=1: key padding is the same for every query, and broadcasts to any number of them. The sizes are the
+    # padding's own, so that torch.compile need not prove them equal to the lengths' (a graph break if it cannot)
+    batch, width = (len(layout.lengths), layout.width) if layout.padding is None else layout.padding.shape
+    mask = attention_mask(layout.padding, None, batch=batch, heads=1, q_len=1, k_len=width,
                           every_query_has_a_key=not layout.empty_rows)  # fmt: skip
-    if not pack or layout.index is None or layout.empty_rows:
+    if layout.index is None or layout.empty_rows:
         return mask
     return replace(mask, keys=layout, queries=layout if self_attention else None)
 

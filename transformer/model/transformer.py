@@ -128,7 +128,7 @@ class EncoderDecoder(nn.Module):
         offset = 0 if cache is None else len(cache)
         T = tgt.size(1)
         self_mask = causal(T, offset + T, self.window, tgt.device)
-        cross_mask = key_padding(src_layout, pack=cache is None)  # a decoding step's few queries gain nothing from it
+        cross_mask = key_padding(src_layout)  # packs where the layout does: decoding steps too, for GPU flash
         x = self.decoder(self.tgt_embed(tgt, offset), memory, self_mask, cross_mask, cache)  # (B, T, d)
         if where is not None:
             x = x[where] if where.dtype == torch.bool else x.flatten(0, 1).index_select(0, where)  # (N, d)

@@ -113,9 +113,11 @@ class ExactResume(Callback):
 
 
 def rng_state() -> dict:
+    """This process's random state: CPU, Python and, on a GPU, its own device's only (each rank saves its own), so
+    that a run resumes whatever number of devices each process sees (CUDA_VISIBLE_DEVICES per rank or not)."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
     return state
 
 
@@ -123,4 +125,7 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state["cuda"]
+        if isinstance(cuda, list):  # checkpoints before: every device this rank saw, by index
+            cuda = cuda[min(torch.cuda.current_device(), len(cuda) - 1)]
+        torch.cuda.set_rng_state(cuda)  # the current device's

@@ -1,10 +1,11 @@
 """The LightningModule: label-smoothed loss per target token, AdamW, warmup schedules, validation BLEU."""
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import TQDMProgressBar
 from pytorch_lightning.utilities import rank_zero_warn
 
 from ..data import TranslationDataModule
@@ -14,6 +15,7 @@ from .config import OptimConfig, ValidationConfig
 from .ema import WeightAverage
 from .errors import TrainingError
 from .exact_resume import ExactResume
+from .progress import ProgressBar
 from .scoring import BleuScorer, Score
 
 
@@ -26,6 +28,17 @@ def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
         return math.sqrt(warmup / step) if warmup > 0 else 1 / math.sqrt(step)
     progress = min(1.0, (step - warmup) / max(total - warmup, 1))
     return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class StepReadout:
+    """What the host learns of an optimizer step, read from the device at once: the step's one sync. The loggers,
+    the progress bar and the callbacks take these values instead of reading the device again."""
+
+    step: int  # the optimizer step it describes (trainer.global_step after it)
+    loss: float  # label-smoothed loss per target token, over this rank's micro-batches of the step
+    grad_norm: float  # before clipping, of the gradients per target token of the whole step
+    stop: bool  # some rank asked to stop (stop_requested): every rank reads the same answer at the same step
 
 
 class TranslationModule(pl.LightningModule):
@@ -41,6 +54,9 @@ class TranslationModule(pl.LightningModule):
         self.runtime_config = RuntimeConfig(**(runtime or {}))
         self.model = build_model(self.model_config, self.runtime_config)
         self._step_tokens = 0  # real target tokens of this optimizer step's micro-batches so far (host ints)
+        self._step_loss: torch.Tensor | float = 0.0  # their summed loss, on the device
+        self.readout: StepReadout | None = None  # the last optimizer step's, read in configure_gradient_clipping
+        self.stop_requested = False  # set to stop every rank after the same step (CheckpointOnSignal, on a signal)
         self.validations = 0  # completed validation runs, for bleu_every
         self.scorers: dict[str, BleuScorer] = {}  # validation BLEU per dev set, the main one first; set in setup()
         self.last_score: Score | None = None  # the main dev set's
@@ -64,11 +80,9 @@ class TranslationModule(pl.LightningModule):
         """The loss summed over target tokens: configure_gradient_clipping divides the gradients by the target tokens
         of the whole optimizer step, all micro-batches and ranks (fairseq's way), not by each micro-batch's."""
         loss_sum, _ = self._loss_sum(batch, self.optim_config.label_smoothing, self.optim_config.rdrop_alpha)
-        tokens = batch["tgt_tokens"]
-        self._step_tokens += tokens
-        loss = loss_sum.detach() / max(tokens, 1)  # per target token, for display
-        self.log("train/loss", loss, prog_bar=True, batch_size=tokens)
-        self._last_batch = (batch_idx, loss, batch["index"][:8])  # named if gradients blow up
+        self._step_tokens += batch["tgt_tokens"]
+        self._step_loss = self._step_loss + loss_sum.detach()
+        self._last_batch = (batch_idx, batch["index"][:8])  # named if gradients blow up
         return loss_sum
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
@@ -77,52 +91,59 @@ class TranslationModule(pl.LightningModule):
         if self.weight_average is not None:
             self.weight_average.update(self.model, self.trainer.global_step)  # counts this step already
 
-    def _gradient_scale(self) -> float | torch.Tensor:
-        """What turns the accumulated gradients into gradients per target token of the optimizer step: Lightning
-        divided each micro-batch's loss by accumulate_grad_batches, and DDP averages gradients over ranks."""
-        tokens, self._step_tokens = self._step_tokens, 0
+    def _step_totals(self, tokens: int) -> tuple[float | torch.Tensor, bool | torch.Tensor]:
+        """(what turns the accumulated gradients into gradients per target token of the optimizer step, whether some
+        rank asked to stop). Lightning divided each micro-batch's loss by accumulate_grad_batches, and DDP averages
+        gradients over ranks; under DDP the ranks' tokens and stop requests are summed in the step's one collective,
+        and both come back as device tensors that nothing waits for here."""
         scale = self.trainer.accumulate_grad_batches * self.trainer.world_size
         if self.trainer.world_size == 1:
-            return scale / max(tokens, 1)
-        total = torch.full((), float(tokens), device=self.device)
-        torch.distributed.all_reduce(total)  # summed over ranks: the step's one collective (no barrier, no sync)
-        return scale / total.clamp(min=1)  # a device tensor: nothing waits for it here
+            return scale / max(tokens, 1), self.stop_requested
+        totals = torch.full((2,), float(tokens), device=self.device)  # filled on the device: no copy from the host
+        totals[1:].fill_(float(self.stop_requested))
+        torch.distributed.all_reduce(totals)
+        return scale / totals[0].clamp(min=1), totals[1] > 0
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Divide the gradients by the step's target tokens (_gradient_scale), then clip by global norm (Trainer's
-        gradient_clip_val) and log the norm before clipping. Lightning calls this once per optimizer step, clipping
-        or not, after fp16 unscaling and before the step: a non-finite norm stops training before any weight
-        changes, and is the one sync of the step."""
+        """Divide the gradients by the step's target tokens (_step_totals), then clip by global norm (Trainer's
+        gradient_clip_val). Lightning calls this once per optimizer step, clipping or not, after fp16 unscaling and
+        before the step. The step's one sync reads the norm, the loss and the ranks' stop request together
+        (`readout`): a non-finite norm stops training before any weight changes."""
+        tokens, loss_sum = self._step_tokens, self._step_loss
+        self._step_tokens, self._step_loss = 0, 0.0
         params = [p for p in self.parameters() if p.grad is not None]
-        torch._foreach_mul_([p.grad for p in params], self._gradient_scale())
+        scale, stop = self._step_totals(tokens)
+        torch._foreach_mul_([p.grad for p in params], scale)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if not torch.isfinite(norm):
-            self._non_finite_gradients(norm)
+        device_values = [norm, loss_sum, *([stop] if torch.is_tensor(stop) else [])]
+        grad_norm, loss, *stopped = torch.stack([v.float() for v in device_values]).tolist()  # the one sync of the step
+        self.readout = StepReadout(self.global_step + 1, loss / max(tokens, 1), grad_norm,
+                                   bool(stopped[0]) if stopped else stop)  # fmt: skip
+        if not math.isfinite(grad_norm):
+            self._non_finite_gradients(grad_norm)
             return
         self._skipped_in_a_row = 0
         if gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
             torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
         else:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        self.log("train/grad_norm", norm)
 
-    def _non_finite_gradients(self, norm: torch.Tensor) -> None:
+    def _non_finite_gradients(self, norm: float) -> None:
         """fp16: the gradient scaler skips this step and lowers its scale (counted, and reported when it keeps
         happening). bf16 and fp32 have no such remedy: stop, naming the step and its examples."""
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:  # 16-mixed with a grad scaler
             self.skipped_steps += 1
             self._skipped_in_a_row += 1
-            self.log("train/skipped_steps", float(self.skipped_steps))
             if self._skipped_in_a_row == 100:
                 rank_zero_warn(
                     f"the fp16 gradient scaler has skipped 100 steps in a row (step {self.global_step}): gradients "
                     "overflow persistently; try trainer.precision=bf16-mixed or a lower optim.lr"
                 )
             return
-        batch = self._last_batch
+        batch_idx, examples = self._last_batch
         raise TrainingError(
-            f"non-finite gradient norm ({norm.item()}) at step {self.global_step} (epoch {self.current_epoch}, "
-            f"batch {batch[0]}, loss {batch[1]:.4g}, examples {batch[2].tolist()}); no weights were updated and no "
+            f"non-finite gradient norm ({norm}) at step {self.global_step} (epoch {self.current_epoch}, batch "
+            f"{batch_idx}, loss {self.readout.loss:.4g}, examples {examples.tolist()}); no weights were updated and no "
             "checkpoint written from it: resume from last.ckpt with a lower optim.lr or trainer.precision=32"
         )
 
@@ -149,7 +170,7 @@ class TranslationModule(pl.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         nll, _ = self._loss_sum(batch, 0.0)  # unsmoothed, so that val/ppl is a perplexity
         sums = self._val_sums.setdefault(dataloader_idx, [0.0, 0])
-        sums[0] += nll.item()
+        sums[0] = sums[0] + nll.double()  # summed on the device: no batch waits for it
         sums[1] += batch["tgt_tokens"]
         if self._scoring():
             list(self.scorers.values())[dataloader_idx].add(self.model, batch["src"], batch["index"])
@@ -165,7 +186,10 @@ class TranslationModule(pl.LightningModule):
         """val/loss, val/ppl, val/bleu and val/chrf of the main dev set; with several, val/{name}/... of each too."""
         names = list(self.scorers) or ["main"]
         for i, name in enumerate(names):
-            sums = torch.tensor(self._val_sums.get(i, [0.0, 0]), dtype=torch.float64, device=self.device)
+            nll, tokens = self._val_sums.get(i, [0.0, 0])
+            sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+            sums[0] += nll
+            sums[1] += tokens
             if self.trainer.world_size > 1:
                 sums = self.all_gather(sums).reshape(-1, 2).sum(0)
             loss = (sums[0] / sums[1].clamp(min=1)).item()  # NLL per target token over the whole set
@@ -192,9 +216,11 @@ class TranslationModule(pl.LightningModule):
         decay, no_decay = [], []
         for name, p in self.named_parameters():
             (decay if p.dim() >= 2 and "positions" not in name else no_decay).append(p)
+        # fused: one kernel per parameter group and its step count on the device; the default (for-each on a GPU,
+        # one tensor at a time on a CPU) reads every step count into Python, and took 5.5x as long on a CPU
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True,
         )  # fmt: skip
         total = int(self.trainer.estimated_stepping_batches) if cfg.schedule == "cosine" else 0
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -217,7 +243,11 @@ class TranslationModule(pl.LightningModule):
             self.weight_average.load_state_dict(checkpoint["ema_state_dict"], self.model, prefix="model.")
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        return [ExactResume()]  # whatever callbacks a config lists, a resumed run continues exactly
+        """ExactResume: whatever callbacks a config lists, a resumed run continues exactly. ProgressBar in place of
+        Lightning's default bar, which would read the step's loss from the device at every refresh."""
+        bar = self.trainer.progress_bar_callback
+        default_bar = type(bar) is TQDMProgressBar
+        return [ExactResume(), *([ProgressBar(bar.refresh_rate, bar.process_position)] if default_bar else [])]
 
     @staticmethod
     def hyperparameters(model: ModelConfig, optim: OptimConfig, validation: ValidationConfig | None = None,

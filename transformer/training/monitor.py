@@ -1,16 +1,43 @@
-"""Training-loop figures for TensorBoard and the progress bar: learning rate, tokens/s, padding."""
+"""Training-loop figures for TensorBoard: the step's loss and gradient norm, learning rate, tokens/s, padding; and
+the run's closing line: how much of its wall clock the training steps took."""
 
+import sys
 import time
 
 from pytorch_lightning import Callback, LightningModule, Trainer
 
 
 class TrainingMonitor(Callback):
-    """Per step: train/lr, train/tokens_per_s (target tokens over the step's wall time: forward, backward and
-    optimizer; all ranks together) and train/padding (the fraction of batch cells that are padding)."""
+    """Every trainer.log_every_n_steps optimizer steps: train/loss and train/grad_norm (the module's readout of that
+    step), train/lr, train/tokens_per_s (target tokens per second spent in training steps since the last log: forward,
+    backward and optimizer; all ranks together) and train/padding (the fraction of those batches' cells that are
+    padding). They go straight to the loggers as the host values they are: through LightningModule.log each would be
+    copied to the device and read back, a wait per value.
+
+    When trainer.fit ends, one line on stderr: the training steps' share of its wall clock (forward, backward and
+    optimizer, from each batch's start to its end), validation's (its sanity check included), and the rest's (data
+    waits, checkpoints). The step's one sync keeps a GPU's queue short, so a step's time is about the GPU's."""
 
     def __init__(self):
-        self._start: float | None = None
+        self._start = 0.0
+        self._seconds, self._tokens, self._real, self._cells = 0.0, 0, 0, 0  # since the last log
+        self._fit_start, self._validation_start = 0.0, 0.0
+        self._step_seconds, self._validation_seconds = 0.0, 0.0  # since the fit started
+
+    def on_fit_start(self, trainer: Trainer, module: LightningModule) -> None:
+        self._fit_start = time.perf_counter()
+        self._step_seconds = self._validation_seconds = 0.0
+
+    def on_validation_start(self, trainer: Trainer, module: LightningModule) -> None:
+        self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: Trainer, module: LightningModule) -> None:
+        self._validation_seconds += time.perf_counter() - self._validation_start
+
+    def on_fit_end(self, trainer: Trainer, module: LightningModule) -> None:
+        if trainer.is_global_zero:
+            print(wall_clock_line(time.perf_counter() - self._fit_start, self._step_seconds, self._validation_seconds,
+                                  trainer.global_step), file=sys.stderr, flush=True)  # fmt: skip
 
     def on_train_batch_start(self, trainer: Trainer, module: LightningModule, batch: dict, batch_idx: int) -> None:
         self._start = time.perf_counter()
@@ -20,7 +47,30 @@ class TrainingMonitor(Callback):
     ) -> None:
         # Lightning runs checkpoint callbacks after the others, so a checkpoint's save time is not counted here.
         seconds = time.perf_counter() - self._start
-        cells = batch["src"].numel() + batch["tgt_out"].numel()  # shapes and the collator's counts: host values
-        module.log("train/tokens_per_s", batch["tgt_tokens"] * trainer.world_size / seconds, prog_bar=True)
-        module.log("train/padding", 1 - (batch["src_tokens"] + batch["tgt_tokens"]) / cells)
-        module.log("train/lr", trainer.optimizers[0].param_groups[0]["lr"])
+        self._seconds += seconds
+        self._step_seconds += seconds
+        self._tokens += batch["tgt_tokens"]  # shapes and the collator's counts: host values
+        self._real += batch["src_tokens"] + batch["tgt_tokens"]
+        self._cells += batch["src"].numel() + batch["tgt_out"].numel()
+        readout, step, every = module.readout, trainer.global_step, trainer.log_every_n_steps
+        if readout is None or readout.step != step or not every or step % every:
+            return  # mid-step (accumulating) or not a step to log
+        metrics = {
+            "train/loss": readout.loss,
+            "train/grad_norm": readout.grad_norm,
+            "train/lr": trainer.optimizers[0].param_groups[0]["lr"],
+            "train/tokens_per_s": self._tokens * trainer.world_size / max(self._seconds, 1e-9),
+            "train/padding": 1 - self._real / max(self._cells, 1),
+        }
+        if module.skipped_steps:
+            metrics["train/skipped_steps"] = module.skipped_steps
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+        self._seconds, self._tokens, self._real, self._cells = 0.0, 0, 0, 0
+
+
+def wall_clock_line(wall: float, steps: float, validation: float, step_count: int) -> str:
+    wall = max(wall, 1e-9)
+    return (f"wall clock: training steps {steps / wall:.1%} of {wall:.0f} s in trainer.fit ({step_count} steps; "
+            f"validation {validation / wall:.1%}, data waits, checkpoints and the rest "
+            f"{(wall - steps - validation) / wall:.1%})")  # fmt: skip

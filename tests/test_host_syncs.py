@@ -1,0 +1,72 @@
+"""One host sync per optimizer step in the real Lightning loop: what would make a GPU's host wait (tensor values read
+into Python, device tensors made from Python values), and the collectives, recorded on CPU over whole steps with
+logging and the progress bar on, in one process and in 2 DDP ranks."""
+
+import json
+import signal
+
+import pytest
+import torch
+
+from .helpers import callback, run_train, tiny_data, write_text_corpus
+from .helpers.host_syncs import CountHostSyncs
+from .helpers.ranks import run_ranks
+
+STEPS = 3
+THE_ONE_SYNC = "tolist in module.py:configure_gradient_clipping"  # the readout: norm, loss, stop request at once
+COUNT = ["+callbacks.count._target_=tests.helpers.host_syncs.CountHostSyncs", f"+callbacks.count.steps={STEPS}"]
+
+
+def overrides(corpus, tmp_path, *extra: str) -> list[str]:
+    # log_every_n_steps=1: every counted step also logs; max_tokens=120 keeps validation out of the counted steps
+    return [*tiny_data(corpus, tmp_path / "cache"), "model=tiny", "data.max_tokens=120", "trainer.max_steps=6",
+            "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=true", *COUNT, *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["trainer.precision=32"], ["trainer.precision=bf16-mixed", "trainer.accumulate_grad_batches=2", "optim.ema_decay=0.99"]],
+    ids=["fp32", "bf16-accumulated-ema"],
+)  # fmt: skip
+def test_one_sync_per_optimizer_step(tmp_path, extra):
+    write_text_corpus(tmp_path / "c")
+    trainer = run_train(tmp_path / "run", overrides(tmp_path / "c", tmp_path, *extra))
+    counted = callback(trainer, CountHostSyncs)
+    assert counted.syncs == [THE_ONE_SYNC] * STEPS
+    assert counted.collectives == []
+
+
+def _ddp_rank(rank: int, corpus, tmp_path) -> None:
+    trainer = run_train(tmp_path / "run", overrides(corpus, tmp_path, "trainer=ddp", "trainer.accelerator=cpu",
+                                                    "trainer.devices=2", "trainer.precision=32",
+                                                    f"+callbacks.count.folder={tmp_path}"))  # fmt: skip
+    assert trainer.world_size == 2
+
+
+def test_one_sync_and_one_collective_per_step_under_ddp(tmp_path):
+    """Each rank: the readout's sync, and one all_reduce (tokens and stop requests summed); DDP's gradient all-reduce
+    runs in its C++ reducer, unseen here, and no buffer is broadcast before each forward."""
+    write_text_corpus(tmp_path / "c")
+    run_train(tmp_path / "prepare", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "debug=fast"])  # cache ready
+    run_ranks(_ddp_rank, tmp_path / "c", tmp_path)
+    for rank in (0, 1):
+        counted = json.loads((tmp_path / f"syncs.rank{rank}.json").read_text())
+        assert counted["syncs"] == [THE_ONE_SYNC] * STEPS, rank
+        assert counted["collectives"] == ["all_reduce in module.py:_step_totals"] * STEPS, rank
+
+
+def _ddp_rank_signalled(rank: int, corpus, tmp_path) -> None:
+    run_train(tmp_path / "run", overrides(corpus, tmp_path, "trainer=ddp", "trainer.accelerator=cpu",
+                                          "trainer.devices=2", "trainer.precision=32", "trainer.max_steps=12",
+                                          "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
+                                          "+callbacks.signal_at.step=4", "+callbacks.signal_at.rank=1"))  # fmt: skip
+
+
+def test_a_signal_to_one_ddp_rank_stops_both_after_the_same_step(tmp_path):
+    """SIGTERM reaches rank 1 alone, at the start of step 5: the step's collective tells rank 0, both write last.ckpt
+    after it and exit with 143 (rank 0 alone saving, or the ranks stopping at different steps, would hang or fail)."""
+    write_text_corpus(tmp_path / "c")
+    run_train(tmp_path / "prepare", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "debug=fast"])
+    run_ranks(_ddp_rank_signalled, tmp_path / "c", tmp_path, codes=(128 + signal.SIGTERM,))
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 5 and len(checkpoint["rng"]) == 2

@@ -1,0 +1,115 @@
+"""CUDA's attention kernel rules, checked on a CPU: every scaled_dot_product_attention call of a training step, a
+validation pass, greedy and beam search is recorded and judged by the rules PyTorch 2.13 applies on an sm90 GPU.
+Every runtime.attention_backend either gets a kernel for every call, or is refused at config time, and refused only
+where some call would have none."""
+
+import pytest
+import torch
+
+from transformer.kernel_calls import PHASES, attention_calls, kernel_table, run_phase, synthetic_batch
+from transformer.model import ModelConfig, RuntimeConfig, build_model
+from transformer.model.kernels import SdpaCall, check_backend, cuda_kernel
+
+BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
+V = 40
+
+
+def model_and_batch(backend: str, padding_free: bool, **changes):
+    """The tiny model with attention dropout, as the GPU recipe trains; sources of different lengths, so that
+    padding needs masking and sentences leave the searches at different steps."""
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, attention_dropout=0.1, **changes)
+    torch.manual_seed(0)
+    model = build_model(cfg, RuntimeConfig(attention_backend=backend, padding_free_attention=padding_free))
+    return cfg, model, synthetic_batch(V, [5, 9, 3, 9], [4, 7, 6, 2])
+
+
+def refusal(cfg, runtime, device_type, reduced) -> str | None:
+    try:
+        check_backend(cfg, runtime, device_type, reduced)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "padding-free"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_backend_runs_every_call_on_a_gpu_or_is_refused(backend, padding_free, bf16):
+    cfg, model, batch = model_and_batch(backend, padding_free)
+    calls = attention_calls(model, batch, bf16)
+    assert all(calls.values()), calls  # every phase reaches SDPA
+    without_kernel = [c for recorded in calls.values() for c in recorded if cuda_kernel(c)[0] is None]
+    refused = refusal(cfg, model_runtime(model), "cuda", bf16)
+    if refused is None:
+        assert not without_kernel, kernel_table(calls)
+        if backend != "auto":
+            assert {cuda_kernel(c)[0] for recorded in calls.values() for c in recorded} == {backend}
+    else:
+        assert without_kernel, f"refused ({refused}) though every call has a kernel:\n{kernel_table(calls)}"
+        assert "\n" not in refused and refused.startswith("runtime.attention_backend=")
+
+
+def model_runtime(model) -> RuntimeConfig:
+    attention = model.encoder.layers[0].self_attn
+    return RuntimeConfig(attention_backend=attention.backend, padding_free_attention=attention.padding_free)
+
+
+def test_flash_with_padding_free_attention_keeps_every_call_maskless_decoding_steps_included():
+    """The GPU's flash kernel takes no mask: the searches' cross-attention steps run over the real source tokens as
+    nested tensors, also after finished sentences leave the batch."""
+    cfg, model, batch = model_and_batch("flash", True)
+    calls = attention_calls(model, batch, bf16=True)
+    for phase in ("greedy search", "beam search"):
+        cross = [c for c in calls[phase] if c.kind == "cross-attention"]
+        assert len(cross) > 10 and all(c.mask is None for c in cross)
+        assert any(c.nested for c in cross) and any(c.batch < 4 for c in cross if c.nested)  # rows have left
+    assert check_backend(cfg, model_runtime(model), "cuda", reduced_precision=True) is None
+
+
+def test_the_rules_follow_pytorchs_order_and_constraints():
+    dense = dict(site="decoder.layers.0.self_attn", nested=False, batch=8, heads=8, q_len=20, k_len=20, min_len=20,
+                 head_dim=64, dtype=torch.bfloat16, mask=None, is_causal=True, dropout=0.0,
+                 enabled=frozenset(("flash", "efficient", "cudnn", "math")), deterministic=False)  # fmt: skip
+    call = SdpaCall(**dense)
+    assert cuda_kernel(call)[0] == "cudnn"  # sm90 with cuDNN 9.20 tries cuDNN first
+    assert cuda_kernel(SdpaCall(**dense | dict(dropout=0.1)))[0] == "flash"  # cuDNN: dropout in 1/16 steps
+    assert cuda_kernel(SdpaCall(**dense | dict(dropout=0.125)))[0] == "cudnn"
+    assert cuda_kernel(SdpaCall(**dense | dict(deterministic=True)))[0] == "flash"
+    assert cuda_kernel(SdpaCall(**dense | dict(mask="bool 4-D", is_causal=False, dropout=0.1)))[0] == "efficient"
+    assert cuda_kernel(SdpaCall(**dense | dict(dtype=torch.float32)))[0] == "efficient"  # flash: fp16/bf16 only
+    assert cuda_kernel(SdpaCall(**dense | dict(q_len=1, is_causal=False, k_len=1)))[0] == "flash"  # cuDNN: one key
+    assert cuda_kernel(SdpaCall(**dense | dict(head_dim=320)))[0] == "efficient"  # above 256
+    assert cuda_kernel(SdpaCall(**dense | dict(nested=True, is_causal=False)))[0] == "flash"  # jagged: flash first
+    assert cuda_kernel(SdpaCall(**dense | dict(nested=True, mask="bool 4-D")))[0] is None  # jagged takes no mask
+    only_flash = frozenset(("flash",))
+    assert cuda_kernel(SdpaCall(**dense | dict(enabled=only_flash, mask="bool 4-D", is_causal=False)))[0] is None
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "padding-free"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_on_a_cpu_exactly_the_settings_that_fail_are_refused(backend, padding_free):
+    """A CPU's kernels differ from a GPU's (its flash takes masks but no nested tensors; it has no efficient or cuDNN
+    kernel): the check refuses what fails here and nothing that runs."""
+    cfg, model, batch = model_and_batch(backend, padding_free)
+    refused = refusal(cfg, model_runtime(model), "cpu", reduced=False)
+    try:
+        for phase in PHASES:  # not recorded: with this CPU's kernels as they are
+            run_phase(model, batch, phase)
+        failed = None
+    except RuntimeError as e:
+        failed = str(e)
+    assert (refused is None) == (failed is None), (refused, failed)
+
+
+def test_refusals_name_the_fix():
+    cfg = ModelConfig.from_size("base", src_vocab_size=V, tgt_vocab_size=V, pad_id=0)
+    messages = {
+        "padding_free_attention=true": (RuntimeConfig(attention_backend="flash"), cfg, True),
+        "trainer.precision=bf16-mixed": (RuntimeConfig(attention_backend="flash", padding_free_attention=True), cfg,
+                                         False),
+        "model.window=8": (RuntimeConfig(attention_backend="flash", padding_free_attention=True),
+                           ModelConfig.from_size("base", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, window=8), True),
+        "use auto": (RuntimeConfig(attention_backend="cudnn"), cfg, True),
+    }  # fmt: skip
+    for fix, (runtime, model_cfg, bf16) in messages.items():
+        assert fix in refusal(model_cfg, runtime, "cuda", bf16), fix
