@@ -60,7 +60,8 @@ class Check:
 
     def __init__(self, args, data: Path, report: Report):
         self.args, self.report, self.out = args, report, args.out
-        self.common = [f"data.path={data}", f"data.cache_dir={args.out / 'cache'}", "trainer.enable_progress_bar=false"]
+        cache = args.cache or args.out / "cache"
+        self.common = [f"data.path={data}", f"data.cache_dir={cache}", "trainer.enable_progress_bar=false"]
         if args.smoke:
             self.common.append("model.size=tiny")
         self.deadline = time.monotonic() + args.minutes * 60
@@ -96,12 +97,12 @@ def environment(report: Report) -> None:
 
 
 def kernels_and_syncs(check: Check, report: Report) -> None:
-    steps = 8 if check.args.smoke else 16
+    steps = 9 if check.args.smoke else 17
     check.run("kernels", "transformer.train", RECIPE, f"trainer.max_steps={steps}", "trainer.limit_val_batches=0",
               *NO_CHECKPOINTS, f"+callbacks.kernels._target_={PROBES}.KernelNames",
               f"+callbacks.kernels.out={check.out / 'kernels' / 'probes'}",
-              f"+callbacks.syncs._target_={PROBES}.SyncWarnings", "+callbacks.syncs.first=4",
-              f"+callbacks.syncs.steps={steps - 6}", f"+callbacks.syncs.out={check.out / 'kernels' / 'probes'}")  # fmt: skip
+              f"+callbacks.syncs._target_={PROBES}.SyncWarnings", "+callbacks.syncs.first=6",  # after the profiler
+              f"+callbacks.syncs.steps={steps - 7}", f"+callbacks.syncs.out={check.out / 'kernels' / 'probes'}")  # fmt: skip
     found = json.loads((check.out / "kernels" / "probes" / "kernels.json").read_text())
     lines = [f"- {family}: {', '.join(f'{k[0][:70]} x{k[1]}' for k in kernels[:3]) or 'none'}"
              for family, kernels in found["attention"].items()]  # fmt: skip
@@ -125,8 +126,7 @@ def mfu(check: Check, report: Report) -> None:
         name = f"throughput_{size}"
         check.run(name, "transformer.train", RECIPE, f"model={size}", f"trainer.max_steps={first + steps}",
                   "trainer.limit_val_batches=0", *NO_CHECKPOINTS, f"+callbacks.throughput._target_={PROBES}.Throughput",
-                  f"+callbacks.throughput.first={first}", f"+callbacks.throughput.out={check.out / name / 'probes'}",
-                  *(["model.size=tiny"] if check.args.smoke else []))  # fmt: skip
+                  f"+callbacks.throughput.first={first}", f"+callbacks.throughput.out={check.out / name / 'probes'}")  # fmt: skip
         t = check.probe(name)
         peak = f"{t['peak_tflops']:.0f}" if t["peak_tflops"] else "unknown"
         share = f"{t['mfu']:.1%}" if t["mfu"] else "n/a"
@@ -172,6 +172,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu_check")
     parser.add_argument("--data", type=Path, help="the Multi30k folder (default: found, see find_multi30k)")
+    parser.add_argument("--cache", type=Path, help="data.cache_dir of the runs (default: OUT/cache)")
     parser.add_argument("--stage", action="store_true", help="copy Multi30k beside this script, then stop")
     parser.add_argument("--smoke", action="store_true", help="the tiny model and a few steps: checks the script")
     parser.add_argument("--minutes", type=float, default=8.0, help="stages that would start later are skipped")

@@ -21,8 +21,11 @@ class Overheads(pl.Callback):
         self.workers: set[int] = set()
         self.validations = self.checkpoints = 0
 
+    def on_fit_start(self, trainer, module):
+        self.before = {p.pid for p in multiprocessing.active_children()}  # other tests' loaders, if any are alive
+
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        self.workers |= {p.pid for p in multiprocessing.active_children()}
+        self.workers |= {p.pid for p in multiprocessing.active_children()} - self.before
 
     def on_validation_end(self, trainer, module):
         self.validations += not trainer.sanity_checking
@@ -58,3 +61,18 @@ def test_batches_are_page_locked_for_a_gpu_and_workers_persist(tmp_path):
         assert loader.pin_memory and loader.persistent_workers
     data.trainer = None
     assert not data.train_dataloader().pin_memory  # on a CPU there is nothing to copy
+
+
+def test_a_checkpoint_of_an_unfused_optimizer_resumes_fused(tmp_path):
+    """Checkpoints before fused AdamW saved "fused": None in their parameter groups, which loading would keep."""
+    write_text_corpus(tmp_path / "c")
+    common = [*tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny", "trainer.precision=32", "~logger",
+              "trainer.enable_progress_bar=false"]  # fmt: skip
+    run_train(tmp_path / "run", [*common, "trainer.max_steps=2"])
+    path = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(path, weights_only=True)
+    for group in checkpoint["optimizer_states"][0]["param_groups"]:
+        group["fused"], group["foreach"] = None, None  # as an unfused AdamW saved them
+    torch.save(checkpoint, path)
+    resumed = run_train(tmp_path / "run", [*common, "trainer.max_steps=3", "ckpt_path=last"])
+    assert resumed.global_step == 3 and all(g["fused"] is True for g in resumed.optimizers[0].param_groups)

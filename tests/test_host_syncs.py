@@ -7,6 +7,7 @@ import signal
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from .helpers import callback, run_train, tiny_data, write_text_corpus
 from .helpers.host_syncs import CountHostSyncs
@@ -34,6 +35,10 @@ def test_one_sync_per_optimizer_step(tmp_path, extra):
     counted = callback(trainer, CountHostSyncs)
     assert counted.syncs == [THE_ONE_SYNC] * STEPS
     assert counted.collectives == []
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    for tag in ("train/loss", "train/grad_norm", "train/tokens_per_s"):  # each optimizer step once, as Lightning
+        assert [e.step for e in events.Scalars(tag)] == list(range(6)), tag  # numbers them (steps done before)
 
 
 def _ddp_rank(rank: int, corpus, tmp_path) -> None:

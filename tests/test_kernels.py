@@ -80,6 +80,10 @@ def test_the_rules_follow_pytorchs_order_and_constraints():
     assert cuda_kernel(SdpaCall(**dense | dict(q_len=1, is_causal=False, k_len=1)))[0] == "flash"  # cuDNN: one key
     assert cuda_kernel(SdpaCall(**dense | dict(head_dim=320)))[0] == "efficient"  # above 256
     assert cuda_kernel(SdpaCall(**dense | dict(nested=True, is_causal=False)))[0] == "flash"  # jagged: flash first
+    jagged_fp32 = dense | dict(nested=True, is_causal=False, dtype=torch.float32)
+    assert cuda_kernel(SdpaCall(**jagged_fp32))[0] == "efficient"  # 2.13 takes jagged inputs with grad there
+    assert cuda_kernel(SdpaCall(**jagged_fp32 | dict(head_dim=36)))[0] == "efficient"  # fp32: 4-aligned will do
+    assert cuda_kernel(SdpaCall(**jagged_fp32 | dict(head_dim=34)))[0] == "math"
     assert cuda_kernel(SdpaCall(**dense | dict(nested=True, mask="bool 4-D")))[0] is None  # jagged takes no mask
     only_flash = frozenset(("flash",))
     assert cuda_kernel(SdpaCall(**dense | dict(enabled=only_flash, mask="bool 4-D", is_causal=False)))[0] is None

@@ -95,7 +95,8 @@ def predicted_kernels(overrides: list[str], phases: tuple[str, ...] = PHASES) ->
         cfg = OmegaConf.to_container(compose("train", overrides=overrides), resolve=False)
     model_cfg = sized_model(cfg["model"], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, pad_id=PAD)
     runtime = RuntimeConfig(**cfg["runtime"])
-    bf16 = str(cfg["trainer"].get("precision")) in ("auto", "bf16-mixed", "bf16-true")  # auto: bf16 on such a GPU
+    precision = str(cfg["trainer"].get("precision"))
+    bf16 = precision == "auto" or "16" in precision  # auto: bf16 on such a GPU; fp16 is judged as bf16 is
     check_backend(model_cfg, runtime, "cuda", reduced_precision=bf16)
     torch.manual_seed(0)
     calls = attention_calls(build_model(model_cfg, runtime), synthetic_batch(VOCAB, SOURCE_LENGTHS, TARGET_LENGTHS),

@@ -57,7 +57,7 @@ def resolve_precision(precision, accelerator: str = "auto", resumed: str | None 
     the precision of the checkpoint a run resumes, which a CPU keeps rather than probe again (exact resume)."""
     if precision != AUTO:
         return precision, None
-    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+    if device_type(accelerator) == "cuda" and torch.cuda.is_available():
         if torch.cuda.is_bf16_supported():
             return "bf16-mixed", "trainer.precision=auto: bf16-mixed (the GPU computes in bf16)"
         return "16-mixed", "trainer.precision=auto: 16-mixed (the GPU has no bf16; float16 with a gradient scaler)"

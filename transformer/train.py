@@ -43,6 +43,23 @@ def sized_model(model: dict, **vocabulary: int) -> ModelConfig:
     return ModelConfig.from_size(model.get("size", "small"), **overrides, **vocabulary)
 
 
+def trainer_arguments(trainer: dict, runtime: RuntimeConfig, architecture: ModelConfig,
+                      resumed_precision: str | None) -> tuple[dict, str | None]:  # fmt: skip
+    """The Trainer's arguments as this run passes them, checked, and trainer.precision=auto's note: the precision
+    resolved (a resumed run keeps its checkpoint's), the attention backend judged for the device, the strategy
+    built, and runtime.deterministic handed to Lightning, which sets it up and keeps it so."""
+    args = dict(trainer)
+    accelerator = args.get("accelerator", "auto")
+    args["precision"], note = resolve_precision(args.get("precision"), accelerator, resumed=resumed_precision)
+    check_trainer_args(args, pl.Trainer)
+    check_backend(architecture, runtime, device_type(accelerator), reduced_precision="16" in str(args["precision"]))
+    args["strategy"] = training_strategy(args.get("strategy", "auto"), args.get("devices"), args.get("num_nodes", 1),
+                                         accelerator)  # fmt: skip
+    if runtime.deterministic:
+        args["deterministic"] = True
+    return args, note
+
+
 def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     """Everything before trainer.fit is checked first, so that bad input fails before any training."""
     plain = OmegaConf.to_container(cfg, resolve=True)
@@ -56,18 +73,8 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
                          "layer (nested tensors' lengths are read on the host); drop one of them")  # fmt: skip
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
-    trainer_args = plain["trainer"]
-    trainer_args["precision"], precision_note = resolve_precision(
-        trainer_args.get("precision"), trainer_args.get("accelerator", "auto"),
-        resumed=checkpoint.get("precision") if checkpoint else None,
-    )  # fmt: skip
-    check_trainer_args(trainer_args, pl.Trainer)
-    if runtime.deterministic:  # Lightning sets what use_deterministic_algorithms does, and keeps it so
-        trainer_args["deterministic"] = True
-    check_backend(architecture, runtime, device_type(trainer_args.get("accelerator", "auto")),
-                  reduced_precision="16" in str(trainer_args["precision"]))  # fmt: skip
-    trainer_args["strategy"] = training_strategy(trainer_args.get("strategy", "auto"), trainer_args.get("devices"),
-                                                 trainer_args.get("num_nodes", 1))  # fmt: skip
+    trainer_args, precision_note = trainer_arguments(plain["trainer"], runtime, architecture,
+                                                     checkpoint.get("precision") if checkpoint else None)  # fmt: skip
     pl.seed_everything(cfg.seed, workers=True)
     data = TranslationDataModule(data_config)
     data.setup()

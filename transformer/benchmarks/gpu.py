@@ -16,8 +16,9 @@ from ..model import ModelConfig
 # Dense bf16 peak FLOP/s (NVIDIA's data sheets, without sparsity), by what torch.cuda.get_device_name() contains
 PEAKS = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("A100", 312e12),
          ("L40S", 362e12), ("L4", 121e12), ("A10G", 70e12))  # fmt: skip
+# the fused kernels' names; the math path runs generic matmul and softmax kernels, which the loss's look like
 ATTENTION_KERNELS = (("flash", ("flash",)), ("efficient", ("fmha", "efficient", "cutlass")),
-                     ("cudnn", ("cudnn", "sdpa_")), ("math", ("softmax",)))  # fmt: skip
+                     ("cudnn", ("cudnn", "sdpa_")))  # fmt: skip
 
 
 def peak_flops(device_name: str) -> float | None:

@@ -73,10 +73,11 @@ def _flash(c: SdpaCall) -> list[str]:
 
 
 def _efficient(c: SdpaCall) -> list[str]:
+    # PyTorch 2.13 takes nested inputs that need gradients here (later versions add check_requires_grad_and_nested)
     why = []
     if c.dtype not in (*REDUCED, torch.float32):
         why.append(f"takes fp16/bf16/fp32, not {c.dtype}")
-    alignment = 8 if c.dtype in REDUCED or c.nested else 4
+    alignment = 8 if c.dtype in REDUCED else 4
     if c.head_dim % alignment:
         why.append(f"head dim {c.head_dim} is not a multiple of {alignment}")
     if c.min_len == 0:

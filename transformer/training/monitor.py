@@ -23,6 +23,7 @@ class TrainingMonitor(Callback):
         self._seconds, self._tokens, self._real, self._cells = 0.0, 0, 0, 0  # since the last log
         self._fit_start, self._validation_start = 0.0, 0.0
         self._step_seconds, self._validation_seconds = 0.0, 0.0  # since the fit started
+        self._logged = -1  # the optimizer step logged last
 
     def on_fit_start(self, trainer: Trainer, module: LightningModule) -> None:
         self._fit_start = time.perf_counter()
@@ -53,8 +54,9 @@ class TrainingMonitor(Callback):
         self._real += batch["src_tokens"] + batch["tgt_tokens"]
         self._cells += batch["src"].numel() + batch["tgt_out"].numel()
         readout, step, every = module.readout, trainer.global_step, trainer.log_every_n_steps
-        if readout is None or readout.step != step or not every or step % every:
-            return  # mid-step (accumulating) or not a step to log
+        if readout is None or readout.step != step or step == self._logged or not every or step % every:
+            return  # mid-step (accumulating), logged already, or not a step to log
+        self._logged = step
         metrics = {
             "train/loss": readout.loss,
             "train/grad_norm": readout.grad_norm,
@@ -65,7 +67,7 @@ class TrainingMonitor(Callback):
         if module.skipped_steps:
             metrics["train/skipped_steps"] = module.skipped_steps
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
+            logger.log_metrics(metrics, step=step - 1)  # Lightning's numbering: the steps done before this one
         self._seconds, self._tokens, self._real, self._cells = 0.0, 0, 0, 0
 
 
