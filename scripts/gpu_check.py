@@ -136,14 +136,14 @@ def mfu(check: Check, report: Report) -> None:
 
 
 def recipe(check: Check, report: Report) -> None:
-    steps = 40 if check.args.smoke else check.args.recipe_steps
+    steps = 20 if check.args.smoke else check.args.recipe_steps
     start = time.monotonic()
     done = check.run("recipe", "transformer.train", RECIPE, f"trainer.max_steps={steps}",
-                     *(["trainer.val_check_interval=20", "validation.bleu_max_sentences=50"] if check.args.smoke else []))  # fmt: skip
+                     *(["trainer.val_check_interval=10", "validation.bleu_max_sentences=50"] if check.args.smoke else []))  # fmt: skip
     clock = next((line for line in done.stderr.splitlines() if line.startswith("wall clock:")), "no wall clock line")
     report(f"## The GPU recipe for {steps} steps ({time.monotonic() - start:.0f} s with start-up)\n- {clock}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    split, beam = ("val", 2) if check.args.smoke else ("test_2016_flickr", 5)
+    split, beam = ("val", 1) if check.args.smoke else ("test_2016_flickr", 5)
     evaluated = check.run("recipe_evaluate", "transformer.evaluate", f"ckpt_path={check.out / 'recipe/checkpoints/last.ckpt'}",
                           f"device={device}", f"split={split}", f"beam_size={beam}")  # fmt: skip
     bleu = next((line for line in evaluated.stdout.splitlines() if line.startswith("BLEU")), evaluated.stdout[-300:])
@@ -154,8 +154,9 @@ def flash(check: Check, report: Report) -> None:
     # on a CPU the flash kernel takes no nested tensors: the smoke run goes the padding-free way with auto
     backend = "auto" if check.args.smoke else "flash"
     kernel = [f"runtime.attention_backend={backend}", "runtime.padding_free_attention=true"]
-    check.run("flash", "transformer.train", RECIPE, *kernel, "trainer.max_steps=60", "trainer.val_check_interval=60",
-              "validation.bleu_max_sentences=300", *NO_CHECKPOINTS[1:])  # fmt: skip
+    steps, sentences = (20, 50) if check.args.smoke else (60, 300)
+    check.run("flash", "transformer.train", RECIPE, *kernel, f"trainer.max_steps={steps}",
+              f"trainer.val_check_interval={steps}", f"validation.bleu_max_sentences={sentences}", *NO_CHECKPOINTS[1:])  # fmt: skip
     events = EventAccumulator(str(check.out / "flash" / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     bleu = [f"{e.value:.2f}" for e in events.Scalars("val/bleu")] if "val/bleu" in events.Tags()["scalars"] else []
@@ -163,8 +164,8 @@ def flash(check: Check, report: Report) -> None:
     translated = check.run("flash_translate", "transformer.translate", f"ckpt_path={check.out / 'flash/checkpoints/last.ckpt'}",
                            *kernel, f"device={device}", "precision=bf16" if device == "cuda" else "precision=32",
                            stdin="Ein Hund läuft über die Wiese.\nZwei Männer spielen Fußball.\n")  # fmt: skip
-    report(f"## runtime.attention_backend={backend}, padding-free: trained 60 steps, validated (greedy BLEU on 300 "
-           f"sentences: {bleu[-1] if bleu else 'not shown'}), translated:\n"
+    report(f"## runtime.attention_backend={backend}, padding-free: trained {steps} steps, validated (greedy BLEU on "
+           f"{sentences} sentences: {bleu[-1] if bleu else 'not shown'}), translated:\n"
            + "\n".join(f"- {line}" for line in translated.stdout.splitlines()))  # fmt: skip
 
 
