@@ -23,21 +23,25 @@ FEATURES = datasets.Features({
 })  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def small_record_batches(monkeypatch):
-    """Record batches of 4 rows, so that tiny shards hold several."""
-    monkeypatch.setattr(datasets.config, "DEFAULT_MAX_BATCH_SIZE", 4)
-
-
 def write_corpus(folder: Path, ids: range, num_shards: int) -> list[Path]:
-    """A split as prepare saves it; each pair's first source id is its own id in `ids`, lengths vary."""
+    """A split as prepare saves it, in record batches of 4 rows (so that tiny shards hold several); each pair's
+    first source id is its own id in `ids`, lengths vary."""
     rng = np.random.default_rng(ids.start)
     src = [[i] + [7] * int(rng.integers(0, 6)) for i in ids]
     tgt = [[8] * int(rng.integers(0, 9)) for _ in ids]
     text = [""] * len(ids)
     ds = datasets.Dataset.from_dict({"src": text, "tgt": text, "src_ids": src, "tgt_ids": tgt}, features=FEATURES)
-    ds.save_to_disk(str(folder), num_shards=num_shards)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(datasets.config, "DEFAULT_MAX_BATCH_SIZE", 4)
+        ds.save_to_disk(str(folder), num_shards=num_shards)
     return sorted(folder.glob("data-*.arrow"))
+
+
+@pytest.fixture(scope="module")
+def two_corpora(tmp_path_factory) -> list[list[Path]]:
+    """Corpus a (60 pairs in 3 shards) and corpus b (20 in 1), written once for the tests that only read them."""
+    tmp = tmp_path_factory.mktemp("corpora")
+    return [write_corpus(tmp / "a", range(10, 70), 3), write_corpus(tmp / "b", range(1000, 1020), 1)]
 
 
 def streaming(corpora, probabilities=None, **overrides) -> StreamingBatches:
@@ -94,9 +98,9 @@ def test_corpora_are_mixed_by_probability_and_a_small_one_repeats(tmp_path):
 
 
 def run_epochs(ds: StreamingBatches, position: StreamPosition, epochs: range, workers: int, stop: int | None = None,
-               label_epochs: bool = True):  # fmt: skip
-    """The src tensors of the batches consumed over these epochs, feeding `position`; stops after `stop` batches.
-    label_epochs=False leaves set_epoch uncalled: the states alone say where an epoch starts."""
+               label_epochs: bool = True) -> list[dict]:  # fmt: skip
+    """The batches consumed over these epochs, feeding `position`; stops after `stop` batches. label_epochs=False
+    leaves set_epoch uncalled: the states alone say where an epoch starts."""
     out = []
     for epoch in epochs:
         if label_epochs:
@@ -104,52 +108,57 @@ def run_epochs(ds: StreamingBatches, position: StreamPosition, epochs: range, wo
         ds.resume_from(position.worker_states())
         for batch in DataLoader(ds, batch_size=None, num_workers=workers):
             position.update(batch)
-            out.append(batch["src"])
+            out.append(batch)
             if len(out) == stop:
                 return out
     return out
+
+
+def same(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(x["src"].equal(y["src"]) for x, y in zip(a, b))
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 @pytest.mark.parametrize(
     ("workers", "stops", "label_epochs"), [(2, [1, 3, 8, 9, 10, 11, 19], True), (3, [1, 2, 13, 14, 15, 16], False)]
 )
-def test_resume_continues_exactly_where_the_consumed_batches_end(tmp_path, workers, stops, label_epochs):
-    corpora = [write_corpus(tmp_path / "a", range(10, 70), 3), write_corpus(tmp_path / "b", range(1000, 1020), 1)]
+def test_resume_continues_exactly_where_the_consumed_batches_end(two_corpora, workers, stops, label_epochs):
+    """A run stopped after `stop` batches saved the states of those batches (the uninterrupted run's first `stop`:
+    batches are a pure function of the seed and the files); resumed from them, it yields the rest of that run."""
     per_epoch = 5 * workers
 
     def make():
-        return streaming(corpora, [0.7, 0.3])
+        return streaming(two_corpora, [0.7, 0.3])
 
     full = run_epochs(make(), StreamPosition(workers), range(3), workers, label_epochs=label_epochs)
     assert len(full) == 3 * per_epoch
     for stop in stops:
         position = StreamPosition(workers)
-        first = run_epochs(make(), position, range(3), workers, stop, label_epochs)
+        for batch in full[:stop]:
+            position.update(batch)
         saved = json.loads(json.dumps(position.state_dict()))  # plain data, as a checkpoint holds it
         resumed = StreamPosition(workers)
         resumed.load_state_dict(saved)
         rest = run_epochs(make(), resumed, range(stop // per_epoch, 3), workers, label_epochs=label_epochs)
-        assert len(first) + len(rest) == len(full)
-        assert all(a.equal(b) for a, b in zip(first + rest, full)), f"resumed after {stop} batches"
+        assert same(rest, full[stop:]), f"resumed after {stop} batches"
 
 
-def test_set_epoch_keeps_the_streams_going(tmp_path):
-    corpora = [write_corpus(tmp_path / "a", range(10, 70), 3), write_corpus(tmp_path / "b", range(1000, 1020), 1)]
+def test_set_epoch_keeps_the_streams_going(two_corpora):
+    corpora = two_corpora
     long = run_epochs(streaming(corpora, batches_per_worker=6), StreamPosition(2), range(1), 2)
     short = run_epochs(streaming(corpora, batches_per_worker=3), StreamPosition(2), range(2), 2)
-    assert len(short) == len(long) and all(a.equal(b) for a, b in zip(short, long))
+    assert same(short, long)
     # in the main process the dataset also carries its stream over by itself, epoch label or not
-    one = [b["src"] for b in streaming(corpora, batches_per_worker=9)]
+    one = list(streaming(corpora, batches_per_worker=9))
     ds = streaming(corpora, batches_per_worker=3)
-    three = [b["src"] for b in ds] + [b["src"] for b in ds]
+    three = [*ds, *ds]
     ds.set_epoch(2)
-    three += [b["src"] for b in ds]
-    assert len(one) == len(three) and all(a.equal(b) for a, b in zip(one, three))
+    three += list(ds)
+    assert same(one, three)
 
 
-def test_an_epoch_left_unfinished_is_followed_by_a_whole_one_that_continues_each_stream(tmp_path):
-    corpora = [write_corpus(tmp_path / "a", range(10, 70), 3)]
+def test_an_epoch_left_unfinished_is_followed_by_a_whole_one_that_continues_each_stream(two_corpora):
+    corpora = two_corpora[:1]
     streams = {}  # the uninterrupted batches of each stream
     for batch in DataLoader(streaming(corpora, batches_per_worker=20), batch_size=None, num_workers=2):
         streams.setdefault(batch["stream"]["worker"], []).append(batch["src"])
@@ -183,17 +192,36 @@ def test_a_state_for_other_workers_is_refused(tmp_path):
         data.train_dataloader()
 
 
-@pytest.mark.parametrize("keep", [0.5, 0.99])
-def test_a_truncated_shard_is_skipped_with_a_warning_or_refused(tmp_path, keep):
+CUTS = {
+    "half": lambda n: n // 2,
+    "all but a byte": lambda n: n - 1,
+    "all but the end-of-stream marker": lambda n: n - 8,
+}
+
+
+@pytest.mark.parametrize("kept", CUTS)  # inside a message, inside the last one, between two messages
+def test_a_truncated_shard_is_skipped_with_a_warning_or_refused(tmp_path, kept):
     files = write_corpus(tmp_path / "a", range(10, 40), num_shards=2)
     data = files[1].read_bytes()
-    files[1].write_bytes(data[: int(len(data) * keep)])
-    with pytest.warns(UserWarning, match=re.escape(str(files[1]))):
+    files[1].write_bytes(data[: CUTS[kept](len(data))])
+    with pytest.warns(UserWarning, match=re.escape(str(files[1]))) as warned:
         ds = streaming([files], batches_per_worker=20)
+    assert [len(str(w.message).splitlines()) for w in warned] == [1]
     ids = {i for batch in ds for i in pair_ids(batch)}
     assert ids == set(range(10, 25))  # shard 0's pairs, all of them
     with pytest.raises(DataError, match=re.escape(str(files[1])) + ".*data.bad_shards=warn"):
         streaming([files], bad_shard="error")
+
+
+def test_a_shard_cut_after_it_was_indexed_is_skipped_when_read(tmp_path):
+    files = write_corpus(tmp_path / "a", range(10, 40), num_shards=2)
+    warned, refused = streaming([files], batches_per_worker=20), streaming([files], bad_shard="error")
+    files[1].write_bytes(files[1].read_bytes()[:100])  # within its schema: no record batch left
+    with pytest.warns(UserWarning, match=re.escape(str(files[1]))):
+        ids = {i for batch in warned for i in pair_ids(batch)}
+    assert ids == set(range(10, 25))
+    with pytest.raises(DataError, match=re.escape(str(files[1])) + ".*data.bad_shards=warn"):
+        list(refused)
 
 
 @pytest.mark.slow  # three short training runs with two loader workers each

@@ -36,11 +36,26 @@ def epoch_ids(dm: TranslationDataModule, loader, epoch: int) -> dict[int, tuple[
     return ids
 
 
+def write_corpora(folder: Path) -> Path:
+    write_text_corpus(folder / "a", sizes={"train": 150, "val": 20, "test": 20})
+    write_text_corpus(folder / "b", sizes={"train": 100, "val": 20, "test": 20})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """The corpora's tokenizers trained and splits encoded once for the module; no n-best lists yet."""
+    folder = write_corpora(tmp_path_factory.mktemp("prepared"))
+    TranslationDataModule(sampling_config(folder)).setup()
+    return folder / "cache"
+
+
 @pytest.fixture
-def corpora(tmp_path):
-    write_text_corpus(tmp_path / "a")
-    write_text_corpus(tmp_path / "b", sizes={"train": 200, "val": 20, "test": 20})
-    return tmp_path
+def corpora(tmp_path, prepared) -> Path:
+    """The corpora, with a copy of the prepared cache of the test's own (its n-best lists are the test's to make,
+    damage or remove); the cache is keyed by the corpora's content, so the copy is found."""
+    shutil.copytree(prepared, tmp_path / "cache")
+    return write_corpora(tmp_path)
 
 
 def sampling_config(tmp_path, **overrides) -> DataConfig:
@@ -102,18 +117,33 @@ def test_sampling_reproduces_from_the_seed_and_resumes_mid_epoch(corpora, num_wo
     assert len(seen + rest) == len(expected)
     assert all(a.equal(b) for a, b in zip(seen + rest, expected))
 
-    other = TranslationDataModule(sampling_config(corpora, seed=2, num_workers=num_workers))
-    ids, others = epoch_ids(dm, dm.train_dataloader(), 2), epoch_ids(other, other.train_dataloader(), 2)
+
+def test_another_seed_samples_other_segmentations(corpora):
+    one, other = (TranslationDataModule(sampling_config(corpora, seed=seed)) for seed in (0, 2))
+    ids, others = epoch_ids(one, one.train_dataloader(), 2), epoch_ids(other, other.train_dataloader(), 2)
     assert sum(ids[i] != others[i] for i in ids) > len(ids) / 2
 
 
 SEGMENT_IN_A_NEW_PROCESS = """
 import hashlib, pickle, sys
 from transformer.data import TranslationDataModule
-dm = TranslationDataModule(pickle.load(open(sys.argv[1], "rb")))
-segmentation = dm.train_dataloader().dataset.segmentation(int(sys.argv[2]))
+config, epoch = sys.stdin.readline().split()
+dm = TranslationDataModule(pickle.load(open(config, "rb")))
+segmentation = dm.train_dataloader().dataset.segmentation(int(epoch))
 print(hashlib.sha256(b"".join(a.tobytes() for side in segmentation for a in side)).hexdigest())
 """
+
+
+@pytest.fixture(scope="module", autouse=True)
+def another_process():
+    """A new Python process that segments the training pairs of the config it is sent, for
+    test_segmentations_are_the_same_in_another_process: started with the module's first test, so that its imports
+    (seconds) overlap the tests that run before that one, the module's last."""
+    pipe = subprocess.PIPE
+    with subprocess.Popen([sys.executable, "-c", SEGMENT_IN_A_NEW_PROCESS], stdin=pipe, stdout=pipe, stderr=pipe,
+                          text=True) as child:  # fmt: skip
+        yield child
+        child.kill()  # unused (a test selected alone), or already done
 
 
 def digest(segmentation) -> str:
@@ -122,18 +152,6 @@ def digest(segmentation) -> str:
 
 def nbest_caches(cfg: DataConfig) -> list[Path]:
     return sorted(p for p in Path(cfg.cache_dir).rglob("nbest*") if p.is_dir())
-
-
-def test_segmentations_are_the_same_in_another_process(corpora):
-    """What a run resumed in a new process sees: sentencepiece's own sampler differs in every process. Each
-    process computes its own n-best lists (the other's cached ones removed)."""
-    cfg = sampling_config(corpora)
-    (corpora / "config.pkl").write_bytes(pickle.dumps(cfg))
-    script = [sys.executable, "-c", SEGMENT_IN_A_NEW_PROCESS, str(corpora / "config.pkl"), "3"]
-    there = subprocess.run(script, capture_output=True, text=True, check=True).stdout.split()[-1]
-    (cache,) = nbest_caches(cfg)
-    shutil.rmtree(cache)
-    assert digest(TranslationDataModule(cfg).train_dataloader().dataset.segmentation(3)) == there
 
 
 def test_nbest_lists_are_computed_once_per_prepared_data(corpora, monkeypatch):
@@ -228,3 +246,15 @@ def test_a_sampled_segmentation_too_long_keeps_the_stored_one(corpora):
 def test_bad_sampling_settings_are_refused_in_one_line(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         config(tmp_path / "a", tmp_path, **overrides)
+
+
+def test_segmentations_are_the_same_in_another_process(corpora, another_process):
+    """What a run resumed in a new process sees: sentencepiece's own sampler differs in every process, and so does
+    Python's hash seed. Each process computes its own n-best lists (the other's cached ones removed)."""
+    cfg = sampling_config(corpora)
+    (corpora / "config.pkl").write_bytes(pickle.dumps(cfg))
+    out, err = another_process.communicate(f"{corpora / 'config.pkl'} 3\n", timeout=300)
+    assert another_process.returncode == 0, err[-3000:]
+    (cache,) = nbest_caches(cfg)
+    shutil.rmtree(cache)
+    assert digest(TranslationDataModule(cfg).train_dataloader().dataset.segmentation(3)) == out.split()[-1]

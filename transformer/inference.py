@@ -19,10 +19,10 @@ PRECISIONS = ("32", "bf16")
 
 @dataclass(frozen=True)
 class SearchConfig:
-    beam_size: int = 5
+    beam_size: int = 5  # hypotheses kept per sentence; 1 is greedy search
     length_penalty: float = 1.0  # scores are log-probabilities / length**length_penalty
     max_len_a: float = MAX_LEN_A  # hypotheses stop at a * source length + b tokens
-    max_len_b: int = MAX_LEN_B
+    max_len_b: int = MAX_LEN_B  # b of that limit
     early_stopping: bool = False  # True: a sentence is done at beam_size finished hypotheses (as CTranslate2)
     max_tokens: int = 8192  # tokens per batch the decoder holds: source tokens x beam_size (its rows per sentence)
     use_cache: bool = True  # False: each step re-reads the whole prefix (for checks and benchmarks)
@@ -161,16 +161,3 @@ class Translator:
             max_len_a=search.max_len_a, max_len_b=search.max_len_b, use_cache=search.use_cache,
             early_stopping=search.early_stopping, nbest=nbest,
         )  # fmt: skip
-
-
-def open_translator(path: str, device: str = "cpu", runtime: RuntimeConfig | None = None, ema: bool = False):
-    """A training checkpoint as a Translator (`ema`: with its weights' moving average), or a folder
-    `python -m transformer.export` wrote as its CTranslate2 counterpart (the same translate() and tokenizers;
-    `runtime` does not apply to it)."""
-    from .export.engine import ExportedTranslator, is_export
-
-    if not is_export(path):
-        return Translator.from_path(path, device, runtime, ema)
-    if ema:
-        raise ValueError(f"ema=true reads a training checkpoint's weight average; {path} is an exported folder")
-    return ExportedTranslator(path, device)

@@ -1,6 +1,6 @@
 """Token-bucketed batches: length-sorted, packed up to max_tokens, shuffled by (seed, epoch), resumable."""
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow.compute as pc
@@ -9,8 +9,15 @@ from datasets import Dataset
 
 from .mixing import Mixture
 
-if TYPE_CHECKING:
-    from .subword import ResegmentedDataset
+
+class Segmentation(Protocol):
+    """Training examples whose lengths change by epoch (subword.ResegmentedDataset): the sampler packs each epoch's."""
+
+    def lengths(self, epoch: int) -> np.ndarray:
+        """(N, 2) tokens per example in `epoch`, as example_lengths counts them."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve `epoch`'s examples from now on."""
 
 
 class TokenBatchSampler:
@@ -23,13 +30,13 @@ class TokenBatchSampler:
     the position inside an epoch. With shuffle=False (validation, test) batches are in length order;
     each batch carries its examples' indices so results map back to the input order. With a Mixture (several
     corpora laid end to end), an epoch holds the examples it draws instead of each example once. With a
-    segmentation (subword regularisation: a ResegmentedDataset), each epoch packs its own segmentation's lengths,
+    segmentation (subword regularisation: a Segmentation), each epoch packs its own segmentation's lengths,
     and the segmentation is told the epoch before a pass starts.
     """
 
     def __init__(self, lengths: np.ndarray, max_tokens: int, *, shuffle: bool = True, seed: int = 0,
                  num_replicas: int = 1, rank: int = 0, mixture: Mixture | None = None,
-                 segmentation: "ResegmentedDataset | None" = None):  # fmt: skip
+                 segmentation: Segmentation | None = None):  # fmt: skip
         """lengths: (N, 2) tokens per example, source and target, special tokens included."""
         self.lengths = np.asarray(lengths).reshape(-1, 2)
         longest = int(self.lengths.max(initial=0))

@@ -5,7 +5,7 @@ id, the shard files), and its state after any batch is a few ints. So a run that
 states of the batches it consumed yields exactly the batches the uninterrupted run would have, in the same order,
 and no two streams of any rank ever see the same pair.
 
-- Index: at construction the message headers of every shard are read (bodies are skipped by seeking): the byte
+- Index: at construction every shard is read memory-mapped (record batch bodies are mapped, not read): the byte
   offset and row count of every record batch. A truncated or unreadable shard is found here, before any of it is
   used, and skipped with a warning or refused, as `bad_shard` says.
 - Parts: a corpus's rows are numbered through its shards in the order given; g owns rows [g N / G, (g+1) N / G)
@@ -25,7 +25,6 @@ and no two streams of any rank ever see the same pair.
 """
 
 import os
-import struct
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,8 +38,7 @@ from .batching import TokenBatchSampler
 from .sources import DataError
 
 COLUMNS = ("src_ids", "tgt_ids")
-_CONTINUATION = 0xFFFFFFFF  # starts every message of an Arrow IPC stream
-_SCHEMA, _RECORD_BATCH = 1, 3  # Message.header_type values (Arrow's Message.fbs)
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # how an Arrow IPC stream ends: a message of length 0
 _warned: set[str] = set()  # files warned about in this process
 
 
@@ -48,65 +46,28 @@ class _BadShard(Exception):
     """Why a shard cannot be read."""
 
 
-def _slot(meta: bytes, table: int, field: int) -> int | None:
-    """Position of a field of a flatbuffer table (IPC message headers are flatbuffers), None if absent."""
-    vtable = table - struct.unpack_from("<i", meta, table)[0]
-    if 4 + 2 * field >= struct.unpack_from("<H", meta, vtable)[0]:
-        return None
-    offset = struct.unpack_from("<H", meta, vtable + 4 + 2 * field)[0]
-    return table + offset if offset else None
-
-
-def _message_header(meta: bytes) -> tuple[int, int, int]:
-    """(header type, body bytes, rows) of an IPC message from its metadata: Message fields 1 header_type,
-    2 header, 3 bodyLength; RecordBatch field 0 length."""
-
-    def scalar(table: int, field: int, fmt: str) -> int:
-        at = _slot(meta, table, field)
-        return struct.unpack_from(fmt, meta, at)[0] if at is not None else 0
-
-    root = struct.unpack_from("<I", meta, 0)[0]
-    kind, body, rows = scalar(root, 1, "<B"), scalar(root, 3, "<q"), 0
-    header = _slot(meta, root, 2)
-    if kind == _RECORD_BATCH and header is not None:
-        rows = scalar(header + struct.unpack_from("<I", meta, header)[0], 0, "<q")
-    return kind, body, rows
-
-
 def _scan(path: Path) -> tuple[pa.Schema, list[tuple[int, int]]]:
-    """The schema and the (byte offset, rows) of each record batch of an Arrow stream file, from headers only."""
-    size, schema, batches, pos = path.stat().st_size, None, [], 0
-    with open(path, "rb") as f:
+    """The schema and the (byte offset, rows) of each record batch of an Arrow stream file. The file is read
+    memory-mapped, so a record batch's body is mapped, not read: this touches little more than the headers."""
+    with pa.memory_map(str(path)) as source:
+        reader = pa.ipc.open_stream(source)
+        if missing := [c for c in COLUMNS if c not in reader.schema.names]:
+            raise _BadShard(f"it has no {', '.join(missing)} column")
+        batches = []
         while True:
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise _BadShard("it ends before the end-of-stream marker (truncated)")
-            mark, length = struct.unpack("<Ii", prefix)
-            if mark != _CONTINUATION or length < 0:
-                raise _BadShard("it is not an Arrow stream file")
-            if length == 0:
-                break
-            meta = f.read(length)
+            offset = source.tell()
             try:
-                kind, body, rows = _message_header(meta)
-            except struct.error:
-                raise _BadShard(f"the message at byte {pos} is cut short or garbled") from None
-            if body < 0 or pos + 8 + length + body > size:
-                raise _BadShard(f"the message at byte {pos} runs past the end of the file (truncated)")
-            if schema is None:
-                if kind != _SCHEMA:
-                    raise _BadShard("it does not start with a schema")
-                schema = pa.ipc.read_schema(pa.ipc.read_message(pa.py_buffer(prefix + meta)))
-                if missing := [c for c in COLUMNS if c not in schema.names]:
-                    raise _BadShard(f"it has no {', '.join(missing)} column")
-            elif kind == _RECORD_BATCH:
-                batches.append((pos, rows))
-            pos += 8 + length + body
-            f.seek(pos)
-    return schema, batches
+                batches.append((offset, reader.read_next_batch().num_rows))
+            except StopIteration:
+                break
+        end, marker = source.tell(), len(_END_OF_STREAM)  # a stream cut between two messages has no marker
+        if source.read_at(marker, max(end - marker, 0)) != _END_OF_STREAM:
+            raise _BadShard("it ends before the end-of-stream marker (truncated)")
+        return reader.schema, batches
 
 
 def _bad(path: Path, reason: str, policy: str) -> None:
+    reason = reason.splitlines()[0] if reason else "unknown error"  # one line, whatever Arrow's message holds
     if policy == "error":
         raise DataError(
             f"shard {path} cannot be read: {reason}; rerun prepare to rebuild the cache, "
@@ -135,7 +96,7 @@ class _Corpus:
         for path in map(Path, files):
             try:
                 schema, batches = _scan(path)
-            except (_BadShard, OSError, pa.ArrowException) as e:
+            except (_BadShard, OSError, EOFError, pa.ArrowException) as e:
                 _bad(path, str(e), policy)
                 continue
             shard += [len(kept)] * len(batches)
@@ -185,7 +146,7 @@ class _Stream:
             self._loaded, c = None, self.corpus
             path = c.files[c.shard[unit]]
             try:
-                with pa.OSFile(str(path)) as f:  # reads one message, not a memory map of the file
+                with pa.OSFile(str(path)) as f:  # into memory: unlike a map's views, safe from a later cut
                     f.seek(int(c.offset[unit]))
                     batch = pa.ipc.read_record_batch(pa.ipc.read_message(f), c.schemas[c.shard[unit]])
                 if batch.num_rows != c.start[unit + 1] - c.start[unit]:
@@ -193,7 +154,7 @@ class _Stream:
                         f"a record batch at byte {c.offset[unit]} has {batch.num_rows} rows, its header more"
                     )
                 self._loaded = (unit, tuple(_flat(batch.column(name)) for name in COLUMNS))
-            except (_BadShard, OSError, pa.ArrowException) as e:
+            except (_BadShard, OSError, EOFError, pa.ArrowException) as e:
                 _bad(path, str(e), self.policy)
                 self._loaded = (unit, None)
         return self._loaded[1]

@@ -1,12 +1,14 @@
 """An exported folder as a translator: CTranslate2 decodes, with the folder's own sentencepiece models and the
-checkpoint's search settings and max-length rule. It answers what Translator answers for translate and evaluate."""
+checkpoint's search settings and max-length rule. It answers what Translator answers for translate and evaluate,
+and open_translator opens either kind."""
 
 import json
 from itertools import groupby
 from pathlib import Path
 
 from ..data.tokenizer import SentencePiece
-from ..inference import check_nbest, decoded_nbest
+from ..inference import Translator, check_nbest, decoded_nbest
+from ..model import RuntimeConfig
 from .spec import pieces
 
 
@@ -88,3 +90,14 @@ class ExportedTranslator:
         ids = self.src_tokenizer.encode(texts, tag)
         found = ctranslate2_nbest(self.engine, *self.pieces, ids, search, self.eos_piece, nbest)
         return decoded_nbest(self.tgt_tokenizer, texts, found)
+
+
+def open_translator(path: str, device: str = "cpu", runtime: RuntimeConfig | None = None, ema: bool = False):
+    """A training checkpoint as a Translator (`ema`: with its weights' moving average), or a folder
+    `python -m transformer.export` wrote as its CTranslate2 counterpart (the same translate() and tokenizers;
+    `runtime` does not apply to it)."""
+    if not is_export(path):
+        return Translator.from_path(path, device, runtime, ema)
+    if ema:
+        raise ValueError(f"ema=true reads a training checkpoint's weight average; {path} is an exported folder")
+    return ExportedTranslator(path, device)
