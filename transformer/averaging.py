@@ -1,5 +1,6 @@
 """Checkpoint averaging: the mean of several checkpoints' weights, as one checkpoint that evaluates alone."""
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -8,6 +9,7 @@ import torch
 
 from .training.resume import load_checkpoint
 
+AVERAGE_NAME = "average.pt"  # what scripts/average_checkpoints.py writes into a checkpoints/ folder by default
 KEEP = ("hyper_parameters", "tokenizers", "data", "precision", "epoch", "global_step", "pytorch-lightning_version")
 
 
@@ -25,10 +27,34 @@ def checkpoints_by_step(folder: Path, read: Callable[[dict], Any] = lambda check
 
 def checkpoints_in(folder: Path, last: int) -> list[Path]:
     """The `last` checkpoints of a run's checkpoints/ folder by training step, one per step."""
+    if last < 1:
+        raise ValueError(f"--last {last} must be at least 1")
     steps = checkpoints_by_step(folder)
+    if not steps:
+        raise ValueError(f"{folder} holds no checkpoints to average (*.ckpt besides last.ckpt); give a run's "
+                         "checkpoints/ folder, or checkpoint files")  # fmt: skip
     if len(steps) < last:
-        raise ValueError(f"{folder} holds checkpoints of {len(steps)} different steps; asked to average {last}")
+        raise ValueError(
+            f"{folder} holds checkpoints of {len(steps)} different steps ({kept_kinds(folder)}; last.ckpt is not "
+            f"averaged), fewer than --last {last}: average those with --last {len(steps)}, or train with "
+            f"callbacks.epoch_checkpoints.save_top_k={last} to keep the newest {last} epochs' checkpoints too "
+            "(experiment=multi30k_de_en_gpu keeps them every 500 steps)"
+        )
     return [path for _, path, _ in steps[-last:]]
+
+
+def kept_kinds(folder: Path) -> str:
+    """What training kept in a checkpoints/ folder, by the callbacks' file names (configs/callbacks/default.yaml):
+    the best by a metric (epoch{E}-step{S}-{metric}{score}.ckpt), others (epoch{E}-step{S}.ckpt)."""
+    best = {}
+    others = 0
+    for path in folder.glob("*.ckpt"):
+        if found := re.fullmatch(r".*-step\d+-([a-z]+)-?[\d.]+\.ckpt", path.name):
+            best[found[1]] = best.get(found[1], 0) + 1
+        elif path.name != "last.ckpt":
+            others += 1
+    kinds = [f"the best {n} by val/{metric}" for metric, n in best.items()]
+    return ", ".join(kinds + ([f"{others} kept by epoch or step"] if others else []))
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict:

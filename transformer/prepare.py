@@ -1,4 +1,5 @@
-"""python -m transformer.prepare data=multi30k: train or reuse the tokenizer, encode all splits, report."""
+"""python -m transformer.prepare [experiment=...] [data.key=value ...]: train or reuse the tokenizer, encode all
+splits, report. It composes train's config, so it takes the overrides a training run takes, and uses their data.*."""
 
 import logging
 import sys

@@ -58,7 +58,7 @@ class TrainConfig:
     trainer: Any = MISSING  # pytorch_lightning.Trainer arguments, checked against its signature
     callbacks: Any = None
     logger: Any = None
-    seed: int = 1
+    seed: int = 1  # seeds Python, NumPy and torch (weights, dropout); the data's order follows data.seed
     compile: bool = False  # torch.compile the model (in place: checkpoints keep the plain parameter names)
     ckpt_path: str | None = None  # resume: a checkpoint file, or `last` (the run folder's checkpoints/last.ckpt)
 
@@ -67,11 +67,13 @@ class TrainConfig:
 class EvaluateConfig(SearchConfig):
     ckpt_path: str = MISSING  # a training checkpoint, or a folder transformer.export wrote
     split: str | None = None  # null: the checkpoint's test split; a split of its main corpus, or corpus/split
+    input: str | None = None  # a text file of sources to score instead of a split (with references=)
+    references: str | None = None  # input's references, one line per input line
     max_tokens: int | None = None  # padded tokens a batch holds x beam_size; null: the checkpoint's data.max_tokens
     compare: str | None = None  # a baseline's hypotheses of the split: paired significance of this one against it
     precision: str | None = None  # 32 or bf16; null: as the checkpoint was trained
     ema: bool = False  # the weights' moving average (a checkpoint trained with optim.ema_decay)
-    device: str = "cpu"
+    device: str = "cpu"  # cpu, cuda, cuda:1, ...
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     data: DataChoice = field(default_factory=DataChoice)
 
@@ -83,15 +85,15 @@ class TranslateConfig(SearchConfig):
     max_lines: int = 256  # lines per batch at most
     tag: str | None = None  # a corpus tag the model was trained with, e.g. <news>: put before every input line
     nbest: int | None = None  # N: the N best of each line, as TSV lines `line index<TAB>score<TAB>translation`
-    precision: str | None = None
+    precision: str | None = None  # 32 or bf16; null: as the checkpoint was trained
     ema: bool = False  # the weights' moving average (a checkpoint trained with optim.ema_decay)
-    device: str = "cpu"
+    device: str = "cpu"  # cpu, cuda, cuda:1, ...
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
 @dataclass(frozen=True)
 class ExportConfig:
-    ckpt_path: str = MISSING
+    ckpt_path: str = MISSING  # a training checkpoint, or an average of them
     output: str | None = None  # the CTranslate2 folder; null: RUN/export/{quantization} beside the checkpoint
     quantization: str = "float32"  # a CTranslate2 compute type: float32, int8, int8_float32, bfloat16, ...
     parity_input: str | None = None  # a text file of sources for the gate; null: the checkpoint's test split
@@ -104,11 +106,6 @@ class ExportConfig:
     length_penalty: float = SearchConfig.length_penalty
     max_len_a: float = SearchConfig.max_len_a
     max_len_b: int = SearchConfig.max_len_b
-
-
-@dataclass
-class PrepareConfig:
-    data: DataSchema = field(default_factory=DataSchema)
 
 
 def trainer_arguments(trainer_class) -> type:
@@ -142,7 +139,7 @@ def register_configs() -> None:
     """Called by every entry point before Hydra composes (and by tests that compose the real config)."""
     store = ConfigStore.instance()
     for name, schema in (("train", TrainConfig), ("evaluate", EvaluateConfig), ("translate", TranslateConfig),
-                         ("prepare", PrepareConfig), ("export", ExportConfig)):  # fmt: skip
+                         ("export", ExportConfig)):  # fmt: skip
         store.store(name=f"{name}_schema", node=_writable(OmegaConf.structured(schema)))
     store.store(group="trainer", name="schema", node=OmegaConf.structured(trainer_arguments(pl.Trainer)))
     # hydra.run.dir: a resumed run continues in its checkpoint's run folder, and evaluation writes there too

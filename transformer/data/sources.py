@@ -146,10 +146,10 @@ def _languages(folder: Path, split: str) -> list[str]:
     return sorted({p.name.removesuffix(".gz").split(".")[-1] for p in folder.glob(f"{split}.*")})
 
 
-def _text_files(corpus: Corpus, src: str, tgt: str, folder: Path) -> dict[str, tuple[Path, Path]]:
+def _text_files(corpus: Corpus, src: str, tgt: str, folder: Path, need_train: bool) -> dict[str, tuple[Path, Path]]:
     """(src file, tgt file) per split; a split with no tgt file is skipped, unless it is the training split."""
     splits = sorted({p.name.split(".")[0] for p in folder.iterdir() if _text_file(folder, p.name.split(".")[0], src)})
-    if corpus.train_split not in splits:
+    if need_train and corpus.train_split not in splits:
         found = _languages(folder, corpus.train_split)
         raise DataError(
             f"no {corpus.train_split}.{src}[.gz] in {folder}: language {src!r} is not in the corpus "
@@ -159,7 +159,7 @@ def _text_files(corpus: Corpus, src: str, tgt: str, folder: Path) -> dict[str, t
     for split in splits:
         src_file, tgt_file = _text_file(folder, split, src), _text_file(folder, split, tgt)
         if tgt_file is None:
-            if split == corpus.train_split:
+            if need_train and split == corpus.train_split:
                 raise DataError(
                     f"no {split}.{tgt}[.gz] in {folder}: language {tgt!r} is not in the corpus "
                     f"(found {', '.join(_languages(folder, split))}); set data.tgt to one of those"
@@ -208,11 +208,11 @@ def _pairs(ds: datasets.Dataset, corpus: Corpus, src: str, tgt: str, where: str)
     return ds.rename_columns({src_col: "src", tgt_col: "tgt"}) if (src_col, tgt_col) != ("src", "tgt") else ds
 
 
-def _table_corpus(corpus: Corpus, src: str, tgt: str, cache_dir: str, folder: Path):
+def _table_corpus(corpus: Corpus, src: str, tgt: str, cache_dir: str, folder: Path, need_train: bool):
     """Each split as (src, tgt), and the files read: {split}.jsonl, .parquet or .csv, as datasets loads them."""
     fmt = corpus.format
     files = {p.name.split(".")[0]: p for ext in EXTENSIONS[fmt] for p in sorted(folder.glob(f"*{ext}"))}
-    if corpus.train_split not in files:
+    if need_train and corpus.train_split not in files:
         raise DataError(
             f"no {corpus.train_split}{EXTENSIONS[fmt][0]} in {folder}; name the files {{split}}{EXTENSIONS[fmt][0]}"
         )
@@ -246,10 +246,15 @@ def _hash_file(digest, path: Path) -> None:
 
 
 def load_corpus(
-    corpus: Corpus, src: str | None = None, tgt: str | None = None, cache_dir: str | None = None
+    corpus: Corpus,
+    src: str | None = None,
+    tgt: str | None = None,
+    cache_dir: str | None = None,
+    need_train: bool = True,
 ) -> tuple[datasets.DatasetDict, str]:
     """Every split of the corpus as columns src, tgt (memory-mapped); and a fingerprint of its content for caching.
-    src, tgt and cache_dir default to the corpus's own (a DataConfig has them)."""
+    src, tgt and cache_dir default to the corpus's own (a DataConfig has them). need_train=False: a corpus without
+    its training split will do (evaluating reads one test set)."""
     src = corpus.src if src is None else src
     tgt = corpus.tgt if tgt is None else tgt
     cache_dir = corpus.cache_dir if cache_dir is None else cache_dir
@@ -263,16 +268,16 @@ def load_corpus(
         if not folder.is_dir():
             raise DataError(f"data folder {folder} does not exist; fetch the corpus there or set data.path")
         if corpus.format == "text":
-            files = _text_files(corpus, src, tgt, folder)
+            files = _text_files(corpus, src, tgt, folder, need_train)
             for pair in files.values():
                 for path in pair:
                     _hash_file(digest, path)
             splits = _text_corpus(files, Path(cache_dir) / "text" / digest.hexdigest()[:16])
         else:
-            splits, paths = _table_corpus(corpus, src, tgt, cache_dir, folder)
+            splits, paths = _table_corpus(corpus, src, tgt, cache_dir, folder, need_train)
             for path in paths:
                 _hash_file(digest, path)
-    if corpus.train_split not in splits:
+    if need_train and corpus.train_split not in splits:
         raise DataError(
             f"split {corpus.train_split!r} not found in {corpus.path} (found {', '.join(splits)}); set data.train_split"
         )

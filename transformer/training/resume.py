@@ -10,8 +10,9 @@ from ..model import ModelConfig
 
 
 def run_dir_for(ckpt_path: str | None, default: str, outputs: str = "outputs") -> str:
-    """Hydra's run folder: a resumed run continues in its checkpoint's run folder (`.../checkpoints/x.ckpt`),
-    `last` in the newest run under `outputs/` that has a last.ckpt; otherwise a new folder."""
+    """The run folder of a checkpoint in it (`RUN/checkpoints/x.ckpt`, or average.pt), where a resumed run
+    continues and evaluate writes (RUN/evaluate/); `last`: the newest run under `outputs/` that has a last.ckpt;
+    otherwise `default`."""
     if not ckpt_path:
         return default
     if ckpt_path == "last":
