@@ -1,7 +1,9 @@
 """The weights' moving average (optim.ema_decay): its arithmetic, validation with it, checkpoints, exact resume."""
 
 import pytest
+import pytorch_lightning as pl
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from transformer.inference import Translator
@@ -9,6 +11,7 @@ from transformer.training import OptimConfig
 from transformer.training.ema import WeightAverage
 
 from .helpers import RECORD, LossRecorder, callback, run_train, tiny_data, write_text_corpus
+from .helpers.prerequisites import require_module
 
 
 def test_the_average_is_the_decay_weighted_mean_of_every_step_and_stands_in_only_while_swapped():
@@ -33,6 +36,21 @@ def test_the_average_is_the_decay_weighted_mean_of_every_step_and_stands_in_only
     assert torch.equal(restored.shadow["bias"], average.shadow["bias"])
 
 
+def test_the_average_of_a_tied_weight_is_saved_under_each_of_its_names():
+    """Loaded over the weights, as a checkpoint's ema_state_dict is (Translator, ema=true), it replaces all of them."""
+    model = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 5, bias=False))
+    model[1].weight = model[0].weight  # tied, as shared embeddings and a tied output layer are
+    average = WeightAverage(0.5)
+    for step in (1, 2):
+        with torch.no_grad():
+            model[0].weight.add_(1.0)
+        average.update(model, step)
+    state = average.state_dict()
+    assert sorted(state) == ["0.weight", "1.weight"] and torch.equal(state["1.weight"], average.shadow["0.weight"])
+    model.load_state_dict({**model.state_dict(), **state})
+    assert torch.equal(model[1].weight, average.shadow["0.weight"])
+
+
 def test_warmup_makes_the_early_average_follow_the_recent_steps():
     model, steps = nn.Linear(1, 1, bias=False), 300
     averages = {warmup: WeightAverage(0.999, warmup=warmup) for warmup in (False, True)}
@@ -49,6 +67,67 @@ def test_warmup_makes_the_early_average_follow_the_recent_steps():
     assert abs(averages[False].shadow["weight"].item() - 150) < 10
     assert steps - averages[True].shadow["weight"].item() < 0.15 * steps
     assert averages[True].weight(10**6) == pytest.approx(1 - 0.999)  # the plain exponential average in the end
+
+
+class WeightsAroundValidation(pl.Callback):
+    """The training weights after every optimizer step, and whether each validation handed them back bit for bit."""
+
+    def __init__(self):
+        self.after_step: dict[int, dict[str, torch.Tensor]] = {}
+        self.handed_back: list[bool] = []
+
+    @staticmethod
+    def weights(module) -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in module.model.named_parameters()}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.after_step[trainer.global_step] = self.weights(module)
+
+    def on_validation_start(self, trainer, module):
+        self.before = self.weights(module)
+
+    def on_validation_end(self, trainer, module):  # after the module's on_validation_epoch_end, before checkpoints
+        if not trainer.sanity_checking:
+            self.handed_back.append(all(torch.equal(p, self.before[n]) for n, p in self.weights(module).items()))
+
+
+def test_a_run_validates_with_the_warmed_up_average_and_trains_on_from_its_own_weights(trained, tmp_path):
+    """8 steps with optim.ema_warmup, validated after steps 4 and 8: val/loss is the loss of the checkpoint's
+    ema_state_dict, computed here; the average is the warm-up formula over the weights each step left."""
+    tmp = trained[0]
+    decay = 0.999
+    trainer = run_train(tmp_path / "run", [
+        *tiny_data(tmp / "c", tmp / "cache"), "data.vocab_size=320", "model=tiny", "trainer.precision=32-true",
+        "optim.lr=3e-3", "optim.warmup_steps=2", f"optim.ema_decay={decay}", "optim.ema_warmup=true",
+        "trainer.max_steps=8", "trainer.val_check_interval=4", "trainer.check_val_every_n_epoch=null",
+        "validation.bleu_max_sentences=2", "validation.max_len_a=0", "validation.max_len_b=4",
+        "trainer.enable_progress_bar=false", "~logger", "+callbacks.weights._target_=tests.test_ema.WeightsAroundValidation",
+    ])  # fmt: skip
+    seen = callback(trainer, WeightsAroundValidation)
+    assert seen.handed_back == [True, True] and sorted(seen.after_step) == list(range(1, 9))
+    expected = None
+    for step, weights in sorted(seen.after_step.items()):
+        weight = max((1 - decay) / (1 - decay**step), 9 / (10 + step))  # ema_warmup's floor on the weight
+        expected = weights if expected is None else {n: a.lerp(weights[n], weight) for n, a in expected.items()}
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    for name, average in expected.items():
+        torch.testing.assert_close(checkpoint["ema_state_dict"][f"model.{name}"], average, msg=lambda m: f"{name}: {m}")
+
+    def validation_loss(model: nn.Module) -> float:  # NLL per target token over the dev set, as validation batches it
+        nll, tokens = 0.0, 0
+        with torch.no_grad():
+            for batch in trainer.datamodule.val_dataloader():
+                logits = model(batch["src"], batch["tgt_in"])
+                nll += F.cross_entropy(
+                    logits.flatten(0, 1), batch["tgt_out"].flatten(), ignore_index=model.pad_id, reduction="sum"
+                )
+                tokens += int(batch["tgt_out"].ne(model.pad_id).sum())
+        return nll.item() / tokens
+
+    checkpoint_path = str(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    losses = {ema: validation_loss(Translator.from_path(checkpoint_path, ema=ema).model) for ema in (True, False)}
+    logged = trainer.callback_metrics["val/loss"].item()
+    assert logged == pytest.approx(losses[True], rel=1e-5) and logged != pytest.approx(losses[False], rel=1e-3)
 
 
 def test_warmup_without_an_average_is_refused():
@@ -121,7 +200,7 @@ def test_export_with_ema_deploys_the_average(ema_runs, tmp_path):
 
     from omegaconf import OmegaConf
 
-    pytest.importorskip("ctranslate2")
+    require_module("ctranslate2", "pip install -e '.[dev]'")
     from transformer.export.__main__ import export
     from transformer.schema import ExportConfig
 

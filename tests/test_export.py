@@ -7,10 +7,14 @@ import pytest
 import torch
 
 from transformer.export import UnsupportedModel, checkpoint_spec, ctranslate2_spec, supported, write_model
+from transformer.export.parity import Parity
 from transformer.inference import SearchConfig, Translator
 from transformer.model import ModelConfig, build_model
+from transformer.schema import ExportConfig
 
-ctranslate2 = pytest.importorskip("ctranslate2")
+from .helpers.prerequisites import require_module
+
+ctranslate2 = require_module("ctranslate2", "pip install -e '.[dev]'")
 SPECIAL = {"unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 
 
@@ -118,10 +122,36 @@ def test_a_failed_export_leaves_the_earlier_folder_as_it_was(trained, tmp_path):
 def export_config(checkpoint, output, **changes):
     from omegaconf import OmegaConf
 
-    from transformer.schema import ExportConfig
-
     values = {**asdict(ExportConfig(ckpt_path=str(checkpoint))), "output": str(output)}
     return OmegaConf.create({**values, **changes})
+
+
+def gate(quantization: str, identical: int, bleu_gap: float | None, tolerance: float = 0.5) -> str | None:
+    """The gate's verdict on 1000 sentences of which `identical` decode alike, the export's BLEU `bleu_gap` from
+    the checkpoint's 30.0 (None: no references)."""
+    bleu = (None, None) if bleu_gap is None else (30.0, 30.0 + bleu_gap)
+    return Parity("greedy", 1000, identical, *bleu, None, []).failure(quantization, tolerance)
+
+
+def test_the_gate_passes_float32_from_99_percent_identical_and_bleu_within_0_1():
+    assert gate("float32", 990, None) is None and gate("float32", 1000, 0.0) is None
+    assert gate("float32", 989, None) == "greedy: 989 of 1000 hypotheses identical, under 99%"
+    assert gate("float32", 989, 0.0) is not None  # however close BLEU is
+    for gap in (0.099, -0.099, 0.1, -0.1):  # either way, up to the bound itself
+        assert gate("float32", 1000, gap) is None, gap
+    for gap in (0.101, -0.101):
+        assert gate("float32", 1000, gap) == f"greedy: BLEU {30 + gap:.2f} against the checkpoint's 30.00, over 0.1"
+    assert gate("float32", 1000, 0.101, tolerance=100.0) is not None  # bleu_tolerance is a quantized export's
+
+
+def test_the_gate_passes_a_quantized_export_on_bleu_within_bleu_tolerance_alone():
+    tolerance = ExportConfig().bleu_tolerance
+    assert gate("int8", 0, 0.0) is None  # its hypotheses may all differ
+    for gap in (tolerance - 0.001, -tolerance + 0.001, tolerance, -tolerance):
+        assert gate("int8", 1000, gap) is None, gap
+    for gap in (tolerance + 0.001, -tolerance - 0.001):
+        assert gate("int8", 1000, gap).endswith(f"over {tolerance}"), gap
+    assert gate("bfloat16", 1000, 1.99, tolerance=2.0) is None and gate("bfloat16", 1000, 2.01, tolerance=2.0)
 
 
 def test_the_export_command_writes_the_folder_and_its_model_card_after_the_gate(trained, tmp_path):
@@ -186,12 +216,52 @@ def test_an_export_that_fails_the_gate_is_kept_aside_and_the_good_one_stays(trai
     from transformer.export.__main__ import export
 
     tmp, _, checkpoint = trained
-    good, _ = export(export_config(checkpoint, tmp_path / "ct2"))
+    good, _ = export(export_config(checkpoint, tmp_path / "ct2", beam_size=1))  # the gate decodes greedily alone
     before = (good / "model.bin").read_bytes()
-    folder, failure = export(export_config(checkpoint, tmp_path / "ct2", quantization="int8", bleu_tolerance=-1.0))
+    folder, failure = export(export_config(checkpoint, tmp_path / "ct2", quantization="int8", bleu_tolerance=-1.0,
+                                           beam_size=1))  # fmt: skip
     assert failure.startswith("greedy: BLEU ") and folder == tmp_path / "ct2.failed"
     assert not json.loads((folder / "model_card.json").read_text())["parity"]["passed"]
     assert (good / "model.bin").read_bytes() == before
+
+
+def test_a_float32_export_that_decodes_differently_fails_exits_1_and_names_the_sentences(
+    trained, tmp_path, monkeypatch, capsys
+):
+    """The converted weights nudged before they are written: one target word the export never emits. The sentences
+    whose translation holds it are the ones that differ (greedy, the gate's first search)."""
+    import json
+
+    import transformer.export.__main__ as command
+
+    tmp, _, checkpoint = trained
+    translator = Translator.from_path(str(checkpoint))
+    sources = (tmp / "c" / "test.de").read_text().splitlines()  # the test split, the gate's default input
+    ours = [h[0].tokens for h in translator.search(translator.src_tokenizer.encode(sources), SearchConfig(beam_size=1))]
+    holding = {t: [i for i, h in enumerate(ours) if t in h] for t in {t for h in ours for t in h}}
+    word = min((t for t in holding if len(holding[t]) >= 2), key=lambda t: len(holding[t]))
+    differing = holding[word]
+    assert len(differing) <= 5  # all of them named (the report names the first five)
+
+    def nudged(spec, folder, quantization):
+        bias = np.zeros(len(spec.decoder.projection.weight), np.float32)
+        bias[word] = -1e4
+        spec.decoder.projection.bias = bias
+        return convert(spec, folder, quantization)
+
+    convert = command.convert
+    monkeypatch.setattr(command, "convert", nudged)
+    with pytest.raises(SystemExit) as stopped:
+        command.main(export_config(checkpoint, tmp_path / "ct2", beam_size=1))  # the gate decodes greedily alone
+    assert stopped.value.code == 1
+    assert not (tmp_path / "ct2").exists()  # not deployed
+    searches = json.loads((tmp_path / "ct2.failed" / "model_card.json").read_text())["parity"]["searches"]
+    assert [(s["search"], s["first_different"]) for s in searches] == [("greedy", differing)]
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: the export fails the parity gate: greedy: {len(ours) - len(differing)} of {len(ours)} hypotheses "
+        f"identical, under 99% (first differing sentences: {differing}); it is in {tmp_path / 'ct2.failed'}, not "
+        "deployed"
+    ]
 
 
 @pytest.mark.slow  # subprocesses
@@ -230,7 +300,7 @@ def test_the_readme_s_python_lines_translate_with_the_export_alone(trained, tmp_
 def test_translate_and_evaluate_take_an_exported_folder_as_a_checkpoint(trained, tmp_path):
     from transformer.evaluate import data_config, evaluate
     from transformer.export.__main__ import export
-    from transformer.inference import open_translator
+    from transformer.export.engine import open_translator
 
     tmp, _, checkpoint = trained
     folder, _ = export(export_config(checkpoint, tmp_path / "ct2"))

@@ -13,27 +13,31 @@ from transformer.data.mixing import Mixture, mixture_shares
 from transformer.data.prepare import _tokenizer_sentences
 from transformer.evaluate import evaluate
 from transformer.inference import SearchConfig, Translator
+from transformer.model.transformer import EncoderDecoder
 from transformer.training.errors import TrainingError
 
-from .helpers import RECORD, LossRecorder, callback, config, run_train, tiny_data, write_text_corpus
+from .helpers import RECORD, ROOT, LossRecorder, callback, config, run_train, tiny_data, write_text_corpus
 
 SMALL = {"dev": 12, "test": 5, "train": 60}  # its training sentences are not the main corpus's (the seed is the order)
 
 
-def mix_config(tmp_path, **overrides) -> DataConfig:
-    """A main corpus of 300 training pairs and a tagged one of 60, each with its own dev set."""
+def mix_config(tmp_path, weight: float = 1.0, **overrides) -> DataConfig:
+    """A main corpus of 300 training pairs and a tagged one of 60 (of `weight`), each with its own dev set."""
     write_text_corpus(tmp_path / "main")
     write_text_corpus(tmp_path / "small", SMALL)
-    small = {"path": str(tmp_path / "small"), "valid_split": "dev", "weight": 1.0, "tag": "__small__"}
+    small = {"path": str(tmp_path / "small"), "valid_split": "dev", "weight": weight, "tag": "__small__"}
     return config(tmp_path / "main", tmp_path, corpora={"small": small}, **overrides)
 
 
 def test_shares_follow_weights_or_temperature():
-    assert mixture_shares([100, 10], [3, 1], None).tolist() == [0.75, 0.25]
-    proportional, flatter = mixture_shares([100, 10], [1, 1], 1.0), mixture_shares([100, 10], [1, 1], 5.0)
-    assert proportional == pytest.approx([100 / 110, 10 / 110])
-    assert flatter[1] > proportional[1] and flatter[0] > flatter[1]
-    assert Mixture.of([7, 5, 3], [1, 2, 4], None, 100).counts().sum() == 100
+    sizes, weights = [1000, 100, 10], [1.0, 3.0, 0.5]
+    assert mixture_shares(sizes, weights, None) == pytest.approx([1 / 4.5, 3 / 4.5, 0.5 / 4.5])  # sizes play no part
+    for temperature in (1.0, 2.0, 5.0):  # weight x size^(1/T), normalised
+        unnormalised = [w * n ** (1 / temperature) for w, n in zip(weights, sizes)]
+        expected = [u / sum(unnormalised) for u in unnormalised]
+        assert mixture_shares(sizes, weights, temperature) == pytest.approx(expected, rel=1e-12), temperature
+        counts = Mixture.of(sizes, weights, temperature, 1000).counts()  # whole pairs, as near the shares as can be
+        assert counts.sum() == 1000 and np.all(np.abs(counts - 1000 * np.array(expected)) < 1), counts
 
 
 def test_an_epoch_repeats_a_small_corpus_and_subsamples_a_large_one_differently_each_epoch():
@@ -89,27 +93,71 @@ def test_a_tag_is_a_reserved_piece_put_before_that_corpus_sources_only(tmp_path)
 
 
 def test_the_data_module_draws_each_corpus_by_its_share_and_validates_each(tmp_path):
-    dm = TranslationDataModule(mix_config(tmp_path, epoch_pairs=150))
+    """Shares by weight x size^(1/T); the tagged corpus's sources, and only those, start with its tag."""
+    dm = TranslationDataModule(mix_config(tmp_path, weight=3.0, temperature=2.0, epoch_pairs=150))
     dm.setup()
-    assert list(dm.validation_sets) == [tmp_path.joinpath("main").name, "small"]
+    assert list(dm.validation_sets) == ["main", "small"]
     loaders = dm.val_dataloader()
     assert [sum(len(b["index"]) for b in loader) for loader in loaders] == [20, 12]
-    sizes = dm.data.mixture.sizes
-    drawn = torch.cat([b["index"] for b in dm.train_dataloader()])
-    assert len(drawn) == 150 and (drawn >= sizes[0]).sum() == 75  # equal weights: half from the small corpus
+    tag = dm.src_tokenizer.tag_id("__small__")
+    assert all((b["src"][:, 0] == tag).all() for b in loaders[1])
+    assert not any((b["src"] == tag).any() for b in loaders[0])
+    main, small = (len(dm.data.corpora[name]["train"]) for name in ("main", "small"))  # pairs after cleaning
+    batches = list(dm.train_dataloader())
+    drawn = torch.cat([b["index"] for b in batches])
+    assert len(drawn) == 150 and (drawn >= main).sum() == round(150 * 3 * small**0.5 / (main**0.5 + 3 * small**0.5))
+    for b in batches:  # the small corpus's pairs are indices main .. main + small - 1
+        assert torch.equal(b["src"][:, 0] == tag, b["index"] >= main) and not (b["src"][:, 1:] == tag).any()
     assert dm.dataset("small/dev") is dm.data.corpora["small"]["dev"]
     with pytest.raises(ValueError, match=r"unknown split 'small/nope'; the corpora have test, train, val, small/dev, "):
         dm.dataset("small/nope")
 
 
-def test_a_mixed_run_logs_every_dev_set_and_evaluates_a_tagged_one(tmp_path):
-    main, small = tmp_path / "main", tmp_path / "small"
-    write_text_corpus(main)
-    write_text_corpus(small, SMALL)
+@pytest.fixture(scope="module")
+def mix_overrides(tmp_path_factory) -> list[str]:
+    """A main corpus and a tagged one with its own dev set, and one data cache for the runs on them."""
+    tmp = tmp_path_factory.mktemp("mix")
+    write_text_corpus(tmp / "main")
+    write_text_corpus(tmp / "small", SMALL)
+    return [*tiny_data(tmp / "main", tmp / "cache"), f"+data.corpora.small.path={tmp / 'small'}",
+            "+data.corpora.small.valid_split=dev", "+data.corpora.small.tag=__small__"]  # fmt: skip
+
+
+# An untrained model's hypotheses run to the length limit: greedy, and short, for decoding that is about tags
+SHORT = SearchConfig(beam_size=1, max_len_a=0, max_len_b=4)
+SHORT_COMMAND = ["beam_size=1", "max_len_a=0", "max_len_b=4"]
+SHORT_VALIDATION = ["validation.bleu_max_sentences=4", "validation.max_len_a=0", "validation.max_len_b=4"]
+
+
+def encoded_sources(monkeypatch) -> list[torch.Tensor]:
+    """Every source batch the model encodes from now on (ids + EOS, right-padded)."""
+    seen, encode = [], EncoderDecoder.encode
+
+    def recorded(model, src, *args):
+        seen.append(src)
+        return encode(model, src, *args)
+
+    monkeypatch.setattr(EncoderDecoder, "encode", recorded)
+    return seen
+
+
+def translate_command(*overrides: str) -> None:
+    """`python -m transformer.translate OVERRIDES`, run here."""
+    from hydra import compose, initialize_config_dir
+
+    from transformer.schema import register_configs
+    from transformer.translate import main
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        main(compose("translate", overrides=list(overrides)))
+
+
+def test_a_mixed_run_logs_every_dev_set_and_translates_a_tagged_one_with_its_tag(mix_overrides, tmp_path, monkeypatch,
+                                                                                 capsys):  # fmt: skip
     trainer = run_train(tmp_path / "run", [
-        *tiny_data(main, tmp_path / "cache"), "model=tiny", "trainer.max_epochs=3", "trainer.enable_progress_bar=false",
-        f"+data.corpora.small.path={small}", "+data.corpora.small.valid_split=dev", "+data.corpora.small.tag=__small__",
-        "data.epoch_pairs=120", "~logger", *RECORD,
+        *mix_overrides, "model=tiny", "trainer.precision=32-true", "trainer.max_epochs=3", "data.epoch_pairs=60",
+        *SHORT_VALIDATION, "trainer.enable_progress_bar=false", "~logger", *RECORD,
     ])  # fmt: skip
     assert trainer.lightning_module.validations == 3  # every epoch validated, though each draw packs differently
     logged = set(trainer.callback_metrics)
@@ -117,22 +165,31 @@ def test_a_mixed_run_logs_every_dev_set_and_evaluates_a_tagged_one(tmp_path):
     assert trainer.callback_metrics["val/bleu"] == trainer.callback_metrics["val/main/bleu"]
     batches = callback(trainer, LossRecorder).batches
     assert any(i >= 300 for b in batches.values() for i in b)  # the small corpus's pairs were trained on
-    translator = Translator.from_path(str(tmp_path / "run" / "checkpoints" / "last.ckpt"))
-    result = evaluate(translator, DataConfig.from_dict(translator.data), "small/dev", SearchConfig(beam_size=1), "32")
-    assert result["sentences"] == 12
-    tagged = translator.translate(["ein hund"], SearchConfig(beam_size=1), tag="__small__")
-    assert len(tagged) == 1
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    translator = Translator.from_path(str(checkpoint))
+    tag = translator.src_tokenizer.tag_id("__small__")
+    sources = encoded_sources(monkeypatch)
+    result = evaluate(translator, DataConfig.from_dict(translator.data), "small/dev", SHORT, "32")
+    assert result["sentences"] == 12 and sources and all((src[:, 0] == tag).all() for src in sources)
+    (tmp_path / "in.de").write_text("ein hund\nzwei katzen laufen\n")
+    for given, tagged in (("tag=__small__", True), ("tag=null", False)):
+        sources.clear()
+        translate_command(f"ckpt_path={checkpoint}", f"input={tmp_path / 'in.de'}", *SHORT_COMMAND, given)
+        assert len(capsys.readouterr().out.splitlines()) == 2
+        assert [src[:, 0].eq(tag).tolist() for src in sources] == [[tagged, tagged]]
+    with pytest.raises(SystemExit) as stopped:
+        translate_command(f"ckpt_path={checkpoint}", f"input={tmp_path / 'in.de'}", "tag=__bt__")
+    assert stopped.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        "error: tag='__bt__' is not a reserved piece of this tokenizer (reserved: __small__); use one of those, or "
+        "train with that tag on a corpus (data.corpora.<name>.tag)"
+    ]
 
 
-def test_a_monitor_naming_a_missing_dev_set_stops_before_training(tmp_path):
-    main, small = tmp_path / "main", tmp_path / "small"
-    write_text_corpus(main)
-    write_text_corpus(small, SMALL)
+def test_a_monitor_naming_a_missing_dev_set_stops_before_training(mix_overrides, tmp_path):
     with pytest.raises(TrainingError, match=r"monitors 'val/nope/bleu', which validation does not log; use one of"):
-        run_train(tmp_path / "run", [
-            *tiny_data(main, tmp_path / "cache"), "model=tiny", f"+data.corpora.small.path={small}",
-            "+data.corpora.small.valid_split=dev", "callbacks.best_checkpoint.monitor=val/nope/bleu", "~logger",
-        ])  # fmt: skip
+        run_train(tmp_path / "run", [*mix_overrides, "model=tiny", "trainer.precision=32-true",
+                                     "callbacks.best_checkpoint.monitor=val/nope/bleu", "~logger"])  # fmt: skip
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 @pytest.mark.parametrize(

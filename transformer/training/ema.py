@@ -21,10 +21,20 @@ class WeightAverage:
         self.decay, self.warmup = decay, warmup
         self.shadow: dict[str, torch.Tensor] | None = None
         self._training: list[torch.Tensor] | None = None  # the weights while the average stands in
+        self._aliases: dict[str, str] = {}  # a tied parameter's other names -> the name it is averaged under
 
     @staticmethod
     def _params(model: nn.Module) -> dict[str, torch.Tensor]:
         return {name: p for name, p in model.named_parameters() if p.is_floating_point()}
+
+    @staticmethod
+    def _tied_names(model: nn.Module) -> dict[str, str]:
+        """Each further name of a tied parameter (shared embeddings, a tied output layer) -> its first name, the one
+        named_parameters lists it under."""
+        names: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        return {alias: first for first, *others in names.values() for alias in others}
 
     def _follow(self, params: dict[str, torch.Tensor]) -> None:
         """The average on the weights' device (a checkpoint's loads before the model moves)."""
@@ -43,6 +53,7 @@ class WeightAverage:
         params = self._params(model)
         if self.shadow is None:
             self.shadow = {name: p.detach().clone() for name, p in params.items()}
+            self._aliases = self._tied_names(model)
             return
         self._follow(params)
         weight = self.weight(step)
@@ -66,8 +77,13 @@ class WeightAverage:
         self._training = None
 
     def state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        return {prefix + name: t.detach().cpu().clone() for name, t in (self.shadow or {}).items()}
+        """The average under every name the model's state_dict gives a parameter: a tied one's under each of its
+        names, so that loading it over the weights replaces all of them (one tensor, saved once)."""
+        average = {name: t.detach().cpu().clone() for name, t in (self.shadow or {}).items()}
+        tied = {alias: average[name] for alias, name in self._aliases.items() if name in average}
+        return {prefix + name: t for name, t in {**average, **tied}.items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor], model: nn.Module, prefix: str = "") -> None:
         params = self._params(model)
         self.shadow = {name: state[prefix + name].to(p.device, p.dtype).clone() for name, p in params.items()}
+        self._aliases = self._tied_names(model)

@@ -89,7 +89,8 @@ class TranslationModule(pl.LightningModule):
         """The step; then the weights' average takes it in, before any callback can checkpoint this batch."""
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         if self.weight_average is not None:
-            self.weight_average.update(self.model, self.trainer.global_step)  # counts this step already
+            # step t is counted in global_step only once this hook returns: inside it, global_step is t - 1
+            self.weight_average.update(self.model, self.trainer.global_step + 1)
 
     def _step_totals(self, tokens: int) -> tuple[float | torch.Tensor, bool | torch.Tensor]:
         """(what turns the accumulated gradients into gradients per target token of the optimizer step, whether some
