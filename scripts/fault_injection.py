@@ -1,5 +1,7 @@
 """Kill a real training run with SIGKILL (and SIGTERM) at random moments, resume it each time, and report
-what each fault cost; the final weights are compared with those of a run never interrupted.
+what each fault cost; the final weights are compared with those of a run never interrupted. A kill inside a
+checkpoint write is made by the writer itself, at a random stage of one of its writes (KILL_AT in
+transformer/training/checkpoint.py), so that it lands there every time.
 
     python scripts/fault_injection.py --kills 20            # print the table
     python scripts/fault_injection.py --kills 20 --write    # and record it in docs/reliability.md
@@ -8,6 +10,7 @@ It trains the tiny model on a generated corpus (fp32, 1,300 steps, last.ckpt eve
 """
 
 import argparse
+import os
 import random
 import signal
 import subprocess
@@ -21,6 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from transformer.benchmarks.corpus import write_text_corpus
 from transformer.benchmarks.report import DOCS, record
+from transformer.training.checkpoint import KILL_AT, WRITE_STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = DOCS / "reliability.md"
@@ -62,19 +66,22 @@ def main():
     for i in range(args.kills):
         kind = kinds[i % 3]
         before = last.stat().st_mtime_ns if last.exists() else None
+        inside_a_write = kind == "SIGKILL while a checkpoint is written"
+        env = {**os.environ, KILL_AT: f"{rng.choice(WRITE_STAGES)}:{rng.randint(1, 3)}"} if inside_a_write else None
         process = subprocess.Popen(train_args(tmp, run, last.exists()), cwd=ROOT, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)  # fmt: skip
-        while not written_since(last, before) and process.poll() is None:
-            time.sleep(0.01)  # until this run has trained and written a checkpoint of its own
-        if kind == "SIGKILL while a checkpoint is written":
-            while process.poll() is None and not list(last.parent.glob(".last.ckpt.*.tmp")):
-                pass
+                                   stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+        if inside_a_write:
+            code = process.wait()
+            if code != -signal.SIGKILL:
+                break  # finished before this fault
         else:
+            while not written_since(last, before) and process.poll() is None:
+                time.sleep(0.01)  # until this run has trained and written a checkpoint of its own
             time.sleep(rng.uniform(0.2, 2.0))
-        if process.poll() is not None:
-            break  # finished before this fault
-        process.send_signal(signal.SIGTERM if kind == "SIGTERM" else signal.SIGKILL)
-        code = process.wait()
+            if process.poll() is not None:
+                break  # finished before this fault
+            process.send_signal(signal.SIGTERM if kind == "SIGTERM" else signal.SIGKILL)
+            code = process.wait()
         reached, saved = last_logged_step(run), torch.load(last, weights_only=True)["global_step"]
         rows.append((kind, code, reached, saved))
         print(f"{i + 1:>3} {kind:<40} exit {code:>4}  trained to step {reached:>4}  last.ckpt step {saved:>4}")

@@ -22,7 +22,7 @@ def training_minutes(checkpoint: dict) -> float | None:
     return timer["time_elapsed"]["train"] / 60 if timer else None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="a run's checkpoints/ folder")
     parser.add_argument("--bleu", type=float, required=True, help="the BLEU to reach")
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--all", action="store_true", help="score every checkpoint, not only up to the first hit")
     parser.add_argument("--ema", action="store_true", help="score the weight average (optim.ema_decay) of each")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print("| step | training minutes | BLEU | chrF++ |\n|---:|---:|---:|---:|")
     reached = None
     for step, path, minutes in checkpoints_by_step(args.folder, training_minutes):

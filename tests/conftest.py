@@ -1,8 +1,14 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures shared by several test modules, and one torch thread in the test process."""
 
 import pytest
+import torch
 
 from .helpers import run_train, tiny_data, write_word_for_word_corpus
+
+# The tests' models are tiny: a second thread gains them nothing, while two torch processes at once (a test and the
+# DDP ranks it forks, which keep this setting, or a command it starts in the background) each spinning two threads on
+# 2 cores slow each other 5-10x. Commands the tests wait for keep torch's default
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

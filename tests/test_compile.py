@@ -33,9 +33,14 @@ def test_collator_gives_the_host_values_the_step_needs():
     assert all(type(batch[k]) is int for k in ("src_tokens", "tgt_tokens"))  # not tensors: they stay on the host
 
 
+# One layer each way: what breaks a graph is in the layer's code, which every layer of a deeper model runs again, and
+# tracing cost grows with the layers
+ONE_LAYER = dict(n_encoder_layers=1, n_decoder_layers=1)
+
+
 def check_compiled_training_step_equals_eager(backend: str) -> None:
     torch.manual_seed(0)
-    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, dropout=0.0)
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, dropout=0.0, **ONE_LAYER)
     model = build_model(cfg).train()
 
     def loss(src, tgt_in, tgt_out, src_lengths, src_padded, src_tokens, tgt_tokens):
@@ -76,22 +81,29 @@ class CompiledGraphs(pl.Callback):
         self.breaks = sum(counters["graph_break"].values())
 
 
-def test_a_compiled_run_recompiles_a_bounded_number_of_times(tmp_path, monkeypatch):
-    """200 steps of batches whose every size differs (62 shapes here), validated every 50 steps: one graph per kind
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """3,000 pairs, encoded once for the module: batches of many sizes."""
+    folder = tmp_path_factory.mktemp("compile")
+    write_text_corpus(folder / "c", {"train": 3000, "val": 20, "test": 20})
+    return folder / "c", folder / "cache"
+
+
+def test_a_compiled_run_recompiles_a_bounded_number_of_times(tmp_path, monkeypatch, corpus):
+    """100 steps of batches whose every size differs (40 shapes here), validated every 25 steps: one graph per kind
     of batch (padded sources or not) and grad mode, whatever the sizes; no graph break, which would run the rest of
     the forward uncompiled. Dynamo's tracing alone (backend eager): recompiles are decided before any backend."""
-    write_text_corpus(tmp_path / "c", {"train": 3000, "val": 20, "test": 20})
     compile_eagerly = functools.partial(torch.compile, backend="eager")
     monkeypatch.setattr(torch, "compile", compile_eagerly)
     torch._dynamo.reset()
     counters.clear()
-    trainer = run_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny",
-                                           "compile=true", "data.max_tokens=600", "trainer.max_steps=200",
-                                           "trainer.val_check_interval=50", "validation.bleu_every=0",
+    trainer = run_train(tmp_path / "run", [*tiny_data(*corpus), "model=tiny", "model.n_encoder_layers=1",
+                                           "model.n_decoder_layers=1", "compile=true", "data.max_tokens=600",
+                                           "trainer.max_steps=100", "trainer.val_check_interval=25", "validation.bleu_every=0",
                                            "trainer.precision=32", "trainer.enable_progress_bar=false", "~logger",
                                            "+callbacks.graphs._target_=tests.test_compile.CompiledGraphs"])  # fmt: skip
     seen = callback(trainer, CompiledGraphs)
-    assert trainer.global_step == 200
+    assert trainer.global_step == 100
     assert seen.breaks == 0 and seen.graphs <= 4, (seen.graphs, seen.breaks)
     assert counters["frames"]["ok"] == counters["frames"]["total"]  # no frame left to run uncompiled
 
@@ -105,14 +117,15 @@ def test_compile_with_padding_free_attention_is_refused_before_the_data(tmp_path
     assert not (tmp_path / "cache").exists()
 
 
-def test_the_masks_of_changing_batches_trace_without_a_graph_break(tmp_path):
+def test_the_masks_of_changing_batches_trace_without_a_graph_break(tmp_path, corpus):
     """The model compiled as a module is (dynamo's default: static shapes first, dynamic after a change), over the
     batch order that broke the graph at a5a9816: key_padding checked the padding mask against the lengths' batch size,
     a size the compiler could not prove equal, so that forward fell back to eager."""
-    write_text_corpus(tmp_path / "c", {"train": 3000, "val": 20, "test": 20})
-    data = TranslationDataModule(config(tmp_path / "c", tmp_path, max_tokens=600))
+    data = TranslationDataModule(config(corpus[0], tmp_path, max_tokens=600, cache_dir=str(corpus[1])))
     tok = data.src_tokenizer
-    cfg = ModelConfig.from_size("tiny", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
+    cfg = ModelConfig.from_size(
+        "tiny", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id, **ONE_LAYER
+    )
     model = build_model(cfg).train()
     torch._dynamo.reset()
     counters.clear()

@@ -1,14 +1,18 @@
-"""Training regularisers: R-Drop (optim.rdrop_alpha) and word dropout (model.token_dropout)."""
+"""Training regularisers: R-Drop (optim.rdrop_alpha), word dropout (model.token_dropout) and BPE-dropout."""
+
+import warnings
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from torch.distributions import Categorical, kl_divergence
 
+from transformer.data import TranslationDataModule
 from transformer.data.batching import Collate
 from transformer.model import ModelConfig, build_model
 from transformer.model.loss import batch_loss_sum, rdrop_loss, target_logits
 
-from .helpers import RECORD, LossRecorder, callback, run_train, tiny_data, write_text_corpus
+from .helpers import callback, config, run_train, tiny_data, write_text_corpus
 
 PAD, BOS, EOS, V = 0, 2, 3, 29
 
@@ -74,12 +78,63 @@ def test_token_dropout_drops_whole_token_embeddings_in_training_only():
     torch.testing.assert_close(embed(tokens) - positions, full)
 
 
-@pytest.mark.slow  # three small training runs
+class FirstStep(pl.Callback):
+    """What the first optimizer step starts from (the weights, the random state, the batch), and the loss it logs."""
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step == 0:
+            self.weights = {name: value.clone() for name, value in module.model.state_dict().items()}
+            self.rng, self.batch = torch.get_rng_state(), batch
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == 1:
+            self.logged = module.readout.loss  # train/loss
+
+
+@pytest.mark.slow  # a training run
 def test_training_applies_rdrop_and_token_dropout(tmp_path):
+    """The first step's logged loss is R-Drop's, recomputed here from the same weights, batch and random state: the
+    mean label-smoothed cross-entropy of two passes plus alpha / 4 x their symmetric KL divergence, each pass with
+    word dropout (model.token_dropout) as well as dropout."""
     write_text_corpus(tmp_path / "c")
-    common = [*tiny_data(tmp_path / "c", tmp_path / "cache"), *RECORD, "model=tiny", "trainer.precision=32",
-              "~logger", "trainer.max_steps=3", "trainer.limit_val_batches=0", "trainer.enable_progress_bar=false"]  # fmt: skip
-    runs = {name: callback(run_train(tmp_path / name, [*common, *extra]), LossRecorder).losses
-            for name, extra in (("plain", []), ("rdrop", ["optim.rdrop_alpha=5"]),
-                                ("token_dropout", ["model.token_dropout=0.2"]))}  # fmt: skip
-    assert runs["rdrop"][1] != runs["plain"][1] and runs["token_dropout"][1] != runs["plain"][1]
+    trainer = run_train(tmp_path / "run", [
+        *tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny", "trainer.precision=32-true", "~logger",
+        "trainer.max_steps=1", "trainer.limit_val_batches=0", "trainer.enable_progress_bar=false",
+        "optim.label_smoothing=0.1", "optim.rdrop_alpha=5", "model.token_dropout=0.2",
+        f"+callbacks.first._target_={__name__}.FirstStep",
+    ])  # fmt: skip
+    first = callback(trainer, FirstStep)
+    model_config = trainer.lightning_module.hparams["model"]
+
+    def loss_per_token(token_dropout: float, alpha: float) -> float:
+        model = build_model(ModelConfig.from_dict({**model_config, "token_dropout": token_dropout})).train()
+        model.load_state_dict(first.weights)
+        torch.set_rng_state(first.rng)
+        b, n = first.batch, first.batch["tgt_tokens"]
+        doubled = {k: b[k].repeat(2, 1) for k in ("src", "tgt_in", "tgt_out")}  # both passes in one, as trained
+        with torch.no_grad():
+            logits, targets = target_logits(model, doubled["src"], doubled["tgt_in"], doubled["tgt_out"])
+        ce = torch.nn.functional.cross_entropy(logits, targets, label_smoothing=0.1, reduction="sum") / 2
+        one, two = Categorical(logits=logits[:n]), Categorical(logits=logits[n:])
+        kl = (kl_divergence(one, two) + kl_divergence(two, one)).sum()
+        return ((ce + alpha / 4 * kl) / n).item()
+
+    expected = loss_per_token(0.2, 5.0)
+    assert first.logged == pytest.approx(expected, rel=1e-5)
+    for without in (loss_per_token(0.2, 0.0), loss_per_token(0.0, 5.0)):  # neither part too small to tell
+        assert abs(without - expected) > 1e-3 * expected
+
+
+def test_bpe_dropout_warns_that_a_resumed_run_segments_its_epochs_differently(tmp_path):
+    """BPE-dropout draws from sentencepiece's unseeded generator; unigram sampling among the n best, seeded, does not
+    warn."""
+    write_text_corpus(tmp_path / "c", sizes={"train": 60, "val": 5, "test": 5})
+    for tokenizer_type, warns in (("bpe", True), ("unigram", False)):
+        overrides = {"tokenizer_type": tokenizer_type, "sampling_alpha": 0.1, "vocab_size": 320}
+        data = TranslationDataModule(config(tmp_path / "c", tmp_path, **overrides))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            data.train_dataloader().dataset.lengths(0)
+        said = [str(w.message) for w in caught if "a resumed run segments its epochs differently" in str(w.message)]
+        assert len(said) == warns, (tokenizer_type, [str(w.message) for w in caught])
+        assert not said or "BPE-dropout" in said[0]

@@ -1,4 +1,7 @@
+import os
+import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -8,10 +11,12 @@ from omegaconf import open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.allocator import HINT, jemalloc_library
+from transformer.cli import check_overrides
 from transformer.data import TranslationDataModule
 from transformer.train import model_config, train
-from transformer.training import OptimConfig, TranslationModule
+from transformer.training import OptimConfig, TranslationModule, ValidationConfig
 from transformer.training.module import lr_factor
+from transformer.training.resume import run_dir_for
 
 from .helpers import (
     MULTI30K,
@@ -27,6 +32,7 @@ from .helpers import (
     write_text_corpus,
     write_word_for_word_corpus,
 )  # fmt: skip
+from .helpers.prerequisites import require
 
 # --- the module -----------------------------------------------------------------------------------
 
@@ -40,13 +46,26 @@ def test_lr_schedules():
     assert lr_factor(19, 4, "cosine", 20) == pytest.approx(0.0, abs=1e-12)
 
 
-def test_training_lowers_validation_loss_and_checkpoint_loads_alone(tmp_path):
-    write_text_corpus(tmp_path / "c", sizes={"train": 300, "val": 40, "test": 10})
-    data = TranslationDataModule(config(tmp_path / "c", tmp_path, max_tokens=400))
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A folder with a small generated corpus (c/: 13 batches an epoch at tiny_data's max_tokens) and the data cache
+    that every run on it shares (cache/): its tokenizer is trained and its splits encoded once for the module."""
+    folder = tmp_path_factory.mktemp("corpus")
+    write_text_corpus(folder / "c")
+    return folder
+
+
+def on(corpus: Path) -> list[str]:
+    return tiny_data(corpus / "c", corpus / "cache")
+
+
+def test_training_lowers_validation_loss_and_checkpoint_loads_alone(corpus, tmp_path):
+    data = TranslationDataModule(config(corpus / "c", corpus, max_tokens=400))
     data.setup()
     model = model_config({"size": "tiny", "dropout": 0.0}, data)
     assert model.src_vocab_size == data.data.src_tokenizer.vocab_size
-    module = TranslationModule(**TranslationModule.hyperparameters(model, OptimConfig(lr=3e-3, warmup_steps=20)))
+    module = TranslationModule(**TranslationModule.hyperparameters(model, OptimConfig(lr=3e-3, warmup_steps=20),
+                                                                   ValidationConfig(bleu_every=0)))  # loss only  # fmt: skip
     trainer = pl.Trainer(max_epochs=8, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          use_distributed_sampler=False, default_root_dir=tmp_path)  # fmt: skip
     first = trainer.validate(module, datamodule=data, verbose=False)[0]["val/loss"]
@@ -64,69 +83,70 @@ def test_training_lowers_validation_loss_and_checkpoint_loads_alone(tmp_path):
     assert torch.load(path, weights_only=True)["tokenizers"]["src"] == data.data.src_tokenizer.path.read_bytes()
 
 
-def test_tiny_model_overfits_its_training_pairs_to_bleu_above_90(tmp_path):
-    write_word_for_word_corpus(tmp_path / "c", 48)
-    trainer = run_train(tmp_path / "run", [
-        *tiny_data(tmp_path / "c", tmp_path / "cache"), "data.vocab_size=320", "data.valid_split=train",
+@pytest.fixture(scope="module")
+def overfitted(tmp_path_factory) -> tuple[Path, pl.Trainer]:
+    """The tiny model trained on 48 word-for-word pairs until it translates them (60 epochs of 2 batches), validated
+    on them every 12 epochs: BLEU climbs, and the best checkpoints are kept by it."""
+    tmp = tmp_path_factory.mktemp("overfitted")
+    write_word_for_word_corpus(tmp / "c", 48)
+    trainer = run_train(tmp / "run", [
+        *tiny_data(tmp / "c", tmp / "cache"), "data.vocab_size=320", "data.valid_split=train", "data.max_tokens=1000",
         "model=tiny", "model.d_model=64", "model.d_ff=128", "model.dropout=0.0", "optim.lr=3e-3",
-        "optim.warmup_steps=20", "optim.label_smoothing=0.0", "trainer.precision=32", "trainer.max_epochs=60",
-        "trainer.check_val_every_n_epoch=20", "trainer.enable_progress_bar=false", "~logger",
+        "optim.warmup_steps=20", "optim.label_smoothing=0.0", "trainer.precision=32-true", "trainer.max_epochs=60",
+        "trainer.check_val_every_n_epoch=12", "trainer.enable_progress_bar=false",
     ])  # fmt: skip
-    assert trainer.callback_metrics["val/bleu"].item() > 90
+    return tmp / "run", trainer
+
+
+def test_tiny_model_overfits_its_training_pairs_to_bleu_above_90(overfitted):
+    assert overfitted[1].callback_metrics["val/bleu"].item() > 90
 
 
 # --- one run, interrupted by SIGTERM and resumed, against the same run uninterrupted ---------------
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """A: 30 steps (13 batches an epoch, validation every 5 batches, dropout on) uninterrupted. B: the same
-    run, SIGTERM during step 18 (mid-epoch), then `ckpt_path=last` into the same folder. C: SIGTERM during
-    step 13, the last of the first epoch, then resumed. D, E, F below."""
+def runs(tmp_path_factory, corpus):
+    """A: 20 steps (13 batches an epoch, validation every 4 batches scoring 6 sentences, dropout on, the best
+    checkpoints kept by chrF) uninterrupted. The same run stopped, then resumed with `ckpt_path=last` into its folder: B by SIGTERM during
+    step 15 (mid-epoch); C during step 13, the last of the first epoch; E during step 8, after which a validation is
+    due: it runs before the checkpoint; D validating at the epoch's last batch only, ended by max_steps at step 16
+    (mid-epoch). And D2: resumed from D's best checkpoint, of step 13, into a folder of its own."""
     tmp = tmp_path_factory.mktemp("runs")
-    write_text_corpus(tmp / "c")
-    common = [*tiny_data(tmp / "c", tmp / "cache"), *RECORD, "model=tiny", "trainer.precision=32",
-              "trainer.max_steps=30", "trainer.val_check_interval=5", "trainer.log_every_n_steps=1",
-              "trainer.enable_progress_bar=false", "optim.warmup_steps=10",
+    common = [*on(corpus), *RECORD, "model=tiny", "trainer.precision=32-true", "trainer.max_steps=20",
+              "trainer.val_check_interval=4", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+              "optim.warmup_steps=10", "validation.best_metric=chrf", "validation.bleu_max_sentences=6",
               "data.num_workers=1"]  # a loader worker fetches ahead of training  # fmt: skip
     a = run_train(tmp / "a", common)
-    with pytest.raises(SystemExit) as stopped:
-        run_train(tmp / "b", [*common, "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
-                              "+callbacks.signal_at.step=17"])  # fmt: skip
-    b = run_train(tmp / "b", [*common, "ckpt_path=last"])
-    with pytest.raises(SystemExit):
-        run_train(tmp / "c", [*common, "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
-                              "+callbacks.signal_at.step=12"])  # fmt: skip
-    c = run_train(tmp / "c", [*common, "ckpt_path=last"])
-    # D: validating at the epoch's last batch only, 16 steps; then resumed from its best checkpoint of step 13
-    run_train(tmp / "d", [*common, "trainer.val_check_interval=13", "trainer.max_steps=16"])
+    codes, resumed = {}, {}
+    for name, step in (("b", 14), ("c", 12), ("e", 7)):
+        with pytest.raises(SystemExit) as stopped:
+            run_train(tmp / name, [*common, "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
+                                   f"+callbacks.signal_at.step={step}"])  # fmt: skip
+        codes[name] = stopped.value.code
+        resumed[step + 1] = run_train(tmp / name, [*common, "ckpt_path=last"])
+    epoch_end = [*common, "trainer.val_check_interval=13"]
+    run_train(tmp / "d", [*epoch_end, "trainer.max_steps=16"])
+    resumed[16] = run_train(tmp / "d", [*epoch_end, "ckpt_path=last"])
     (best,) = (tmp / "d" / "checkpoints").glob("epoch0-step13-*.ckpt")
-    d = run_train(tmp / "d2", [*common, f"ckpt_path={best}"])
-    # E: SIGTERM during step 10, after which a validation is due: it runs before the checkpoint
-    with pytest.raises(SystemExit):
-        run_train(tmp / "e", [*common, "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
-                              "+callbacks.signal_at.step=9"])  # fmt: skip
-    e = run_train(tmp / "e", [*common, "ckpt_path=last"])
-    # F: a run of 7 steps (max_steps ends it mid-epoch), continued to 30
-    run_train(tmp / "f", [*common, "trainer.max_steps=7"])
-    f = run_train(tmp / "f", [*common, "ckpt_path=last"])
-    return tmp, a, b, stopped.value.code, {18: b, 13: c, "best": d, 10: e, 7: f}
+    resumed["best"] = run_train(tmp / "d2", [*common, f"ckpt_path={best}"])
+    return tmp, a, codes, resumed
 
 
 def test_sigterm_writes_a_checkpoint_and_exits_with_its_code(runs):
-    tmp, a, b, code, _ = runs
-    assert code == 128 + signal.SIGTERM
-    assert b.global_step == 30
+    tmp, a, codes, resumed = runs
+    assert codes["b"] == 128 + signal.SIGTERM
+    assert resumed[15].global_step == 20
 
 
 # mid-epoch; epoch end; best (13); before validation; at max_steps mid-epoch
-@pytest.mark.parametrize("stopped_after", [18, 13, "best", 10, 7])
+@pytest.mark.parametrize("stopped_after", [15, 13, "best", 8, 16])
 def test_resumed_run_continues_exactly(runs, stopped_after):
-    tmp, a, b, code, resumed_runs = runs
+    tmp, a, codes, resumed_runs = runs
     resumed = resumed_runs[stopped_after]
     a_record, resumed_record = callback(a, LossRecorder), callback(resumed, LossRecorder)
     first = 14 if stopped_after == "best" else stopped_after + 1
-    assert sorted(resumed_record.losses) == list(range(first, 31))  # only the remaining steps
+    assert sorted(resumed_record.losses) == list(range(first, 21))  # only the remaining steps
     for step, loss in resumed_record.losses.items():
         assert resumed_record.batches[step] == a_record.batches[step], step
         assert loss == pytest.approx(a_record.losses[step], rel=1e-6, abs=1e-7), step
@@ -134,17 +154,67 @@ def test_resumed_run_continues_exactly(runs, stopped_after):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_ctrl_c_writes_a_checkpoint_at_the_batch_boundary(tmp_path):
-    write_text_corpus(tmp_path / "c")
+def short_run(corpus: Path) -> list[str]:
+    """Training only (no validation), with no loggers: for runs whose checkpoints alone are looked at."""
+    return [*on(corpus), "model=tiny", "trainer.precision=32-true", "~logger", "trainer.max_steps=30",
+            "trainer.limit_val_batches=0", "trainer.enable_progress_bar=false"]  # fmt: skip
+
+
+def test_ctrl_c_writes_a_checkpoint_at_the_batch_boundary(corpus, tmp_path):
     with pytest.raises(SystemExit) as stopped:
-        run_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny", "~logger",
-                                     "trainer.max_steps=30", "trainer.enable_progress_bar=false",
-                                     "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
+        run_train(tmp_path / "run", [*short_run(corpus), "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
                                      "+callbacks.signal_at.step=3", f"+callbacks.signal_at.signum={int(signal.SIGINT)}"])  # fmt: skip
     assert stopped.value.code == 128 + signal.SIGINT
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 4
     assert checkpoint["TranslationDataModule"]["train_sampler"]["position"] == 4  # batches trained, none fetched ahead
+
+
+class SecondCtrlC(pl.Callback):
+    """Ctrl-C as optimizer step `step` + 1 starts, and again while its loss is computed."""
+
+    def __init__(self, step: int):
+        self.step, self.sent = step, 0
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step == self.step and self.sent == 0:
+            self.sent = 1
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def on_before_backward(self, trainer, module, loss):
+        if self.sent == 1:
+            self.sent = 2
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_second_ctrl_c_stops_at_once(corpus, tmp_path):
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run_train(tmp_path / "run", [*short_run(corpus), "callbacks.last_checkpoint.every_n_train_steps=2",
+                                         f"+callbacks.ctrl_c._target_={__name__}.SecondCtrlC", "+callbacks.ctrl_c.step=3"])  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, handler)  # Lightning ignores Ctrl-C once it has handled a KeyboardInterrupt
+    assert stopped.value.code == 1  # Lightning's exit on a KeyboardInterrupt, not 130 after a checkpoint
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert [p.name for p in checkpoints.iterdir()] == ["last.ckpt"]
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 2  # step 4 did not end
+
+
+def test_ckpt_path_last_resumes_the_newest_run_that_has_a_last_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    now = time.time()
+    for run, age in (("a", 60), ("b", 0), ("c", 120)):  # neither the first nor the last by name is the newest
+        last = tmp_path / "outputs" / run / "checkpoints" / "last.ckpt"
+        last.parent.mkdir(parents=True)
+        last.write_bytes(b"")
+        os.utime(last, (now - age, now - age))
+    (tmp_path / "outputs" / "d" / "checkpoints").mkdir(parents=True)  # the newest folder, with no last.ckpt
+    (tmp_path / "outputs" / "d" / "checkpoints" / "epoch0-step5-bleu1.00.ckpt").write_bytes(b"")
+    assert check_overrides("train", ["ckpt_path=last"]).hydra.run.dir == str(Path("outputs") / "b")
+    os.utime(tmp_path / "outputs" / "a" / "checkpoints" / "last.ckpt", (now + 60, now + 60))  # a run resumed since
+    assert check_overrides("train", ["ckpt_path=last"]).hydra.run.dir == str(Path("outputs") / "a")
+    assert run_dir_for("last", "outputs/new", outputs=str(tmp_path / "elsewhere")) == "outputs/new"  # none: a new run
 
 
 def scalars(run_dir: Path) -> EventAccumulator:
@@ -155,20 +225,20 @@ def scalars(run_dir: Path) -> EventAccumulator:
 
 @pytest.mark.parametrize("run", ["b", "e"])
 def test_resumed_run_continues_the_same_tensorboard_curves(runs, run):
-    tmp, a, b, code, _ = runs
+    tmp = runs[0]
     for tag in ("train/loss", "val/bleu"):  # one curve, no second from 0; no validation lost to the stop
         assert [e.step for e in scalars(tmp / run).Scalars(tag)] == [e.step for e in scalars(tmp / "a").Scalars(tag)]
     assert len(list((tmp / run / "tensorboard").glob("events.out.tfevents.*"))) == 2
 
 
 def test_tensorboard_holds_scalars_text_and_attention_images(runs):
-    tmp, a, b, code, _ = runs
+    tmp = runs[0]
     events = scalars(tmp / "a")
     tags = events.Tags()
     for tag in ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/padding",
                 "val/loss", "val/ppl", "val/bleu", "val/chrf"]:  # fmt: skip
         assert tag in tags["scalars"], tag
-    assert len(events.Scalars("val/bleu")) == len(events.Scalars("val/loss")) == 4  # every 5 batches of 13
+    assert len(events.Scalars("val/bleu")) == len(events.Scalars("val/loss")) == 4  # every 4 batches of 13
     text = events.Tensors("val/translations/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert text.count("**hypothesis:**") == 3 and "nrefs:1|case:mixed" in text  # with sacreBLEU's signature
     for kind in ("cross", "decoder_self"):
@@ -177,13 +247,24 @@ def test_tensorboard_holds_scalars_text_and_attention_images(runs):
             assert image.width > image.height > 0
 
 
-def test_checkpoints_keep_last_and_best_by_bleu(runs):
-    tmp, a, b, code, _ = runs
-    files = sorted(p.name for p in (tmp / "a" / "checkpoints").iterdir())
+# bleu: the overfitted run, whose BLEU climbs; chrf: run A (validation.best_metric=chrf), whose BLEU stays near 0
+@pytest.mark.parametrize("metric", ["bleu", "chrf"])
+def test_checkpoints_keep_last_and_the_3_best_by_the_logged_metric(metric, request):
+    run_dir = request.getfixturevalue("overfitted")[0] if metric == "bleu" else request.getfixturevalue("runs")[0] / "a"
+    # read back from TensorBoard, where Lightning numbers a validation by the steps done before the one it follows
+    logged = {e.step + 1: e.value for e in scalars(run_dir).Scalars(f"val/{metric}")}
+    files = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert "last.ckpt" in files and not [f for f in files if f.endswith(".tmp")]
-    best = [f for f in files if f != "last.ckpt"]
-    assert 1 <= len(best) <= 3 and all("-bleu" in f for f in best)
-    assert torch.load(tmp / "a" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 30
+    best = {}
+    for name in files:
+        if name != "last.ckpt":
+            step, score = re.fullmatch(rf"epoch\d+-step(\d+)-{metric}(\d+\.\d\d)\.ckpt", name).groups()
+            best[int(step)] = score
+    assert len(logged) > 3 and len(best) == 3, (logged, files)
+    assert {step: f"{logged[step]:.2f}" for step in best} == best  # each named with its validation's logged score
+    assert min(logged[step] for step in best) >= max(v for step, v in logged.items() if step not in best), logged
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == (max(logged) if metric == "bleu" else 20)  # the end of training
 
 
 # --- the command line ------------------------------------------------------------------------------
@@ -209,8 +290,8 @@ def test_every_experiment_runs_one_batch(experiment, tmp_path, multi30k_cache):
     corpora = [MULTI30K] + (
         [ROOT / "data" / c for c in ("tatoeba_deen", "wmt_news_deen")] if "mix" in experiment else []
     )
-    if not all(c.exists() for c in corpora):
-        pytest.skip(f"{', '.join(c.name for c in corpora)} not all linked into data/ (see data/README.md)")
+    require(all(c.exists() for c in corpora), f"data/ links to {', '.join(c.name for c in corpora)}",
+            "link them from ../shared/data as data/README.md says")  # fmt: skip
     # GPU recipes run here with the tiny model: everything else as on the GPU (batches, workers, bf16, schedule).
     tiny = ["model.size=tiny"] if experiment.endswith("_gpu") else []
     trainer = run_train(tmp_path / "run", [f"experiment={experiment}", "trainer.fast_dev_run=true", *tiny,
@@ -218,9 +299,8 @@ def test_every_experiment_runs_one_batch(experiment, tmp_path, multi30k_cache):
     assert trainer.global_step == 1 and torch.isfinite(trainer.callback_metrics["val/loss"])
 
 
-def test_bf16_mixed_precision_on_cpu(tmp_path):
-    write_text_corpus(tmp_path / "c")
-    cfg = compose_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), *RECORD, "model=tiny",
+def test_bf16_mixed_precision_on_cpu(corpus, tmp_path):
+    cfg = compose_train(tmp_path / "run", [*on(corpus), *RECORD, "model=tiny",
                                            "trainer.precision=bf16-mixed", "trainer.max_steps=20", "~logger",
                                            "trainer.enable_progress_bar=false", "optim.lr=3e-3"])  # fmt: skip
     with open_dict(cfg):
@@ -284,16 +364,15 @@ def checkpoint_file(runs):
         (["ckpt_path=CHECKPOINT", "model=small"], "error: ckpt_path=CHECKPOINT has model model.d_model=32, this run has 256", False),
     ],
 )  # fmt: skip
-def test_bad_input_is_one_line_before_training(overrides, message, before_data, checkpoint_file, tmp_path):
+def test_bad_input_is_one_line_before_training(overrides, message, before_data, checkpoint_file, corpus, tmp_path):
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(checkpoint_file.read_bytes()[:5000])
     swap = {"TRUNCATED": str(truncated), "CHECKPOINT": str(checkpoint_file)}
     for key, value in swap.items():
         overrides = [o.replace(key, value) for o in overrides]
         message = message.replace(key, value)
-    corpus = checkpoint_file.parents[2] / "c"
     result = run_command("model=tiny", f"hydra.run.dir={tmp_path / 'run'}",
-                         *tiny_data(corpus, tmp_path / "cache"), *overrides)  # fmt: skip
+                         *tiny_data(corpus / "c", tmp_path / "cache"), *overrides)  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith(message)
     assert not (tmp_path / "run" / "checkpoints").exists()
@@ -301,9 +380,8 @@ def test_bad_input_is_one_line_before_training(overrides, message, before_data, 
 
 
 @pytest.mark.slow  # inductor compiles C++ kernels: about 40 s on 2 cores
-def test_compiled_model_trains_and_saves_plain_parameter_names(tmp_path):
-    write_text_corpus(tmp_path / "c")
-    trainer = run_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny", "compile=true",
+def test_compiled_model_trains_and_saves_plain_parameter_names(corpus, tmp_path):
+    trainer = run_train(tmp_path / "run", [*on(corpus), "model=tiny", "compile=true",
                                            "trainer.max_steps=3", "trainer.limit_val_batches=1", "trainer.precision=32"])  # fmt: skip
     assert trainer.global_step == 3
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]

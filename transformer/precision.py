@@ -2,17 +2,19 @@
 Which is faster depends on the CPU, not on its flags: bf16 matmuls ran 2.7x float32's speed on an AMD EPYC (Zen 4)
 and the training step 1.5x faster on an Intel Xeon with AMX, but on an Intel Xeon without AMX (AVX-512 BF16 only,
 as a virtual machine may show it) bf16 dot products peak where float32's FMAs do: matmuls ran at 0.6x, and the
-training step faster in float32 (docs/benchmarks.md, precision). One timed matmul tells them apart."""
+training step faster in float32 (docs/benchmarks.md, precision). One timed matmul tells them apart, timed by rank 0
+alone and taken by every other DDP rank: ranks timing each on their own, at once on shared cores, could read either
+side of the threshold and train in different precisions."""
 
 import os
 import time
 
 import torch
+from lightning_fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
 AUTO = "auto"
 CPU_CHOICES = ("32-true", "bf16-mixed")
-# Rank 0's choice, inherited by the DDP ranks Lightning starts as child processes: ranks probing each on their own,
-# at once on shared cores, could read either side of the threshold.
+# Rank 0's choice, inherited by the DDP ranks Lightning's own launcher starts as child processes after rank 0 chose
 INHERITED = "TRANSFORMER_AUTO_PRECISION"
 # tokens x d_model x d_ff: the small model's feed-forward matmul on a batch of 4,096 tokens
 PROBE_SHAPE = (4096, 256, 1024)
@@ -65,12 +67,45 @@ def resolve_precision(precision, accelerator: str = "auto", resumed: str | None 
         return "32-true", f"trainer.precision=auto: 32-true (no measurement for trainer.accelerator={accelerator})"
     if resumed in CPU_CHOICES:
         return resumed, f"trainer.precision=auto: {resumed}, as the resumed checkpoint was trained"
-    if int(os.environ.get("LOCAL_RANK", "0")) > 0 and os.environ.get(INHERITED) in CPU_CHOICES:
-        return os.environ[INHERITED], None
-    speedup = bf16_speedup()
-    chosen = cpu_precision(speedup)
+    launched = launched_rank()
+    if launched is None and int(os.environ.get("LOCAL_RANK", "0")) > 0 and os.environ.get(INHERITED) in CPU_CHOICES:
+        return os.environ[INHERITED], None  # a rank Lightning's launcher started
+    chosen, speedup = measured_choice() if launched is None else rank_zeros_choice(*launched)
     os.environ[INHERITED] = chosen
     return chosen, (
         f"trainer.precision=auto: {chosen} (bf16 matmuls run {speedup:.2f}x float32's speed on this CPU; "
         "trainer.precision=32 or bf16-mixed chooses yourself)"
     )
+
+
+def measured_choice() -> tuple[str, float]:
+    speedup = bf16_speedup()
+    return cpu_precision(speedup), speedup
+
+
+def launched_rank() -> tuple[int, int] | None:
+    """(rank, world size) of one of several DDP ranks that an outside launcher started, read as Lightning reads
+    them: torchrun's, else SLURM's srun, else RANK and WORLD_SIZE of any launcher that sets torch's env:// variables.
+    Sets MASTER_ADDR and MASTER_PORT where Lightning would (SLURM: the first node of SLURM_NODELIST, port 15000 +
+    the job id's last 4 digits). None for one process, and for the ranks Lightning's own launcher starts (no RANK)."""
+    if TorchElasticEnvironment.detect():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    elif SLURMEnvironment.detect():
+        slurm = SLURMEnvironment()
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
+        rank, world = slurm.global_rank(), slurm.world_size()
+    elif {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= os.environ.keys():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    else:
+        return None
+    return (rank, world) if world > 1 else None
+
+
+def rank_zeros_choice(rank: int, world: int) -> tuple[str, float]:
+    """Rank 0's measured choice and speedup, on every rank. The process group this joins is the one the run trains
+    with (gloo, as Lightning's DDP on a CPU): Lightning finds it initialised and keeps it, so the ranks meet once."""
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=world)  # env://: MASTER_ADDR, MASTER_PORT
+    choice = [measured_choice() if rank == 0 else None]
+    torch.distributed.broadcast_object_list(choice, src=0)
+    return choice[0]

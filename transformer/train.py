@@ -1,8 +1,10 @@
 """python -m transformer.train [experiment=...] [key=value ...]: train a model, every knob a Hydra override."""
 
+import errno
 import os
 import shutil
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from .model import ModelConfig, RuntimeConfig
 from .model.kernels import check_backend
 from .precision import device_type, resolve_precision
 from .training import OptimConfig, TranslationModule, ValidationConfig
-from .training.checkpoint import AtomicCheckpointIO, RunFolderLock, check_monitors
+from .training.checkpoint import AtomicCheckpointIO, RunFolderLock, check_monitors, disk_full_in_run
 from .training.errors import TrainingError
 from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path
 from .training.strategy import training_strategy
@@ -46,15 +48,18 @@ def sized_model(model: dict, **vocabulary: int) -> ModelConfig:
 def trainer_arguments(trainer: dict, runtime: RuntimeConfig, architecture: ModelConfig,
                       resumed_precision: str | None) -> tuple[dict, str | None]:  # fmt: skip
     """The Trainer's arguments as this run passes them, checked, and trainer.precision=auto's note: the precision
-    resolved (a resumed run keeps its checkpoint's), the attention backend judged for the device, the strategy
-    built, and runtime.deterministic handed to Lightning, which sets it up and keeps it so."""
+    resolved (a resumed run keeps its checkpoint's; every DDP rank takes rank 0's, ranks an outside launcher started
+    joining their process group for it here), the attention backend judged for the device, the strategy built, and
+    runtime.deterministic handed to Lightning, which sets it up and keeps it so."""
     args = dict(trainer)
     accelerator = args.get("accelerator", "auto")
+    # the strategy first: refusing one costs nothing, trainer.precision=auto's probe a second or more
+    strategy = training_strategy(args.get("strategy", "auto"), args.get("devices"), args.get("num_nodes", 1),
+                                 accelerator)  # fmt: skip
     args["precision"], note = resolve_precision(args.get("precision"), accelerator, resumed=resumed_precision)
     check_trainer_args(args, pl.Trainer)
     check_backend(architecture, runtime, device_type(accelerator), reduced_precision="16" in str(args["precision"]))
-    args["strategy"] = training_strategy(args.get("strategy", "auto"), args.get("devices"), args.get("num_nodes", 1),
-                                         accelerator)  # fmt: skip
+    args["strategy"] = strategy
     if runtime.deterministic:
         args["deterministic"] = True
     return args, note
@@ -118,12 +123,25 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
-    train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        train(cfg, run_dir)
+    except Exception as e:  # a full disk under any writer into the run folder (TensorBoard's, ...): one line too
+        full = disk_full_in_run(e, run_dir)
+        if full is None:
+            raise
+        raise full from None
+
+
+def launched_as_rank_zero() -> bool:
+    """Whether this process is rank 0 before any process group exists, by the variables its launcher set: torchrun's
+    RANK, srun's SLURM_PROCID, and Lightning's own LOCAL_RANK and NODE_RANK (LOCAL_RANK alone is 0 on every node)."""
+    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
 
 
 def check_run_folder_free(cfg) -> None:
     """Refuse before Hydra writes its .hydra/ and log into a run folder that a running training holds."""
-    if cfg is None or os.environ.get("LOCAL_RANK", "0") != "0":  # DDP ranks started by Lightning share it
+    if cfg is None or not launched_as_rank_zero():  # the other DDP ranks share rank 0's folder
         return
     run_dir = Path(cfg.hydra.run.dir)
     if (run_dir / ".lock").exists():
@@ -134,6 +152,33 @@ def check_run_folder_free(cfg) -> None:
             sys.exit(2)
 
 
+def quiet_full_disk_in_threads(hook):
+    """threading.excepthook less full disks: TensorBoard's writer thread meets one first, and main, where the
+    training loop meets it at its next write, reports it in one line."""
+
+    def excepthook(args) -> None:
+        if not (isinstance(args.exc_value, OSError) and args.exc_value.errno == errno.ENOSPC):
+            hook(args)
+
+    return excepthook
+
+
+def cli() -> None:
+    """The command. A full disk met while Hydra writes the run's .hydra record, before main runs, ends in one line
+    too: Hydra is asked to raise its errors (HYDRA_FULL_ERROR) rather than print their tracebacks itself."""
+    cfg = check_overrides("train", sys.argv[1:])
+    check_run_folder_free(cfg)
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    threading.excepthook = quiet_full_disk_in_threads(threading.excepthook)
+    try:
+        main()
+    except OSError as e:
+        full = disk_full_in_run(e, Path(cfg.hydra.run.dir) if cfg is not None else Path.cwd())
+        if full is None:
+            raise
+        print(f"error: {full}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    check_run_folder_free(check_overrides("train", sys.argv[1:]))
-    main()
+    cli()

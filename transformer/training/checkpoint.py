@@ -38,20 +38,46 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise full from None
 
 
+# Fault injection, for the kill tests and scripts/fault_injection.py: KILL_AT=STAGE[:N] makes this process SIGKILL
+# itself at that stage of its Nth checkpoint write (default the first), so that a test kills a write exactly there
+KILL_AT = "TRANSFORMER_KILL_AT_CHECKPOINT_WRITE"
+# opened: the temporary file exists, empty; saved: torch.save has returned, its last bytes still in Python's buffer
+# (the file on disk is cut short); synced: the file is whole and on disk, not yet renamed; renamed: it has replaced
+# the checkpoint, the folder not yet synced
+WRITE_STAGES = ("opened", "saved", "synced", "renamed")
+_writes = 0  # checkpoint writes begun by this process
+
+
+def _fault_point(stage: str) -> None:
+    asked = os.environ.get(KILL_AT)
+    if asked:
+        name, _, nth = asked.partition(":")
+        if name not in WRITE_STAGES:
+            raise ValueError(f"{KILL_AT}={asked}: the stage is one of {', '.join(WRITE_STAGES)}")
+        if name == stage and _writes == int(nth or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _write_atomically(checkpoint: dict, path: Path) -> None:
+    global _writes
+    _writes += 1
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     umask = os.umask(0)
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it private; a checkpoint gets the usual file mode
     try:
+        _fault_point("opened")
         with os.fdopen(fd, "wb") as f:
             torch.save(checkpoint, f)
+            _fault_point("saved")
             f.flush()
             os.fsync(f.fileno())
+        _fault_point("synced")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fault_point("renamed")
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # the rename itself survives a power cut
@@ -77,13 +103,24 @@ class _ByteCount:
 _FAILED_WRITE = ("unexpected pos", "file write failed", "failed writing")
 
 
-def _disk_full(error: Exception, checkpoint: dict, path: Path) -> TrainingError | None:
-    """A one-line TrainingError if `error` came from the disk filling up (OSError ENOSPC, or torch's failed
-    write confirmed by too little free space), else None."""
+def _exception_chain(error: BaseException) -> list[BaseException]:
     chain, e = [], error
     while e is not None and len(chain) < 8:  # closing the file may raise again while the first error unwinds
         chain.append(e)
         e = e.__cause__ or e.__context__
+    return chain
+
+
+def _recovery(checkpoints: Path) -> str:
+    last = checkpoints / "last.ckpt"
+    return (f"{last} is intact: free space and resume with ckpt_path={last}" if last.exists()
+            else "free space there, or give the run a folder on another disk (hydra.run.dir)")  # fmt: skip
+
+
+def _disk_full(error: Exception, checkpoint: dict, path: Path) -> TrainingError | None:
+    """A one-line TrainingError if `error` came from the disk filling up (OSError ENOSPC, or torch's failed
+    write confirmed by too little free space), else None."""
+    chain = _exception_chain(error)
     enospc = any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain)
     failed_write = any(isinstance(e, RuntimeError) and any(s in str(e) for s in _FAILED_WRITE) for e in chain)
     if not (enospc or failed_write):
@@ -93,10 +130,28 @@ def _disk_full(error: Exception, checkpoint: dict, path: Path) -> TrainingError 
     free = shutil.disk_usage(path.parent).free
     if not enospc and free >= needed.size:
         return None  # a failed write with room to spare: not a full disk, so the original error stands
-    last = path.parent / "last.ckpt"
-    then = (f"{last} is intact: free space and resume with ckpt_path={last}" if last.exists()
-            else "free space there, or give the run a folder on another disk (hydra.run.dir)")  # fmt: skip
-    return TrainingError(f"disk full: {path.parent} has {free:,} bytes free, {path.name} needs {needed.size:,}; {then}")
+    return TrainingError(
+        f"disk full: {path.parent} has {free:,} bytes free, {path.name} needs {needed.size:,}; {_recovery(path.parent)}"
+    )
+
+
+def disk_full_in_run(error: BaseException, run_dir: Path) -> TrainingError | None:
+    """A one-line TrainingError if `error`, or one it interrupted, is the disk filling up while the run writes into
+    its folder: the checkpoint writer's own report, else an OSError ENOSPC (TensorBoard's event file, the tokenizer's
+    copy, Hydra's .hydra record: writes that name no size); None for anything else."""
+    chain = _exception_chain(error)
+    reported = next((e for e in chain if isinstance(e, TrainingError) and str(e).startswith("disk full")), None)
+    if reported is not None:  # by the checkpoint writer, before a write in the shutdown failed as well
+        return reported
+    enospc = next((e for e in chain if isinstance(e, OSError) and e.errno == errno.ENOSPC), None)
+    if enospc is None:
+        return None
+    folder = Path(enospc.filename).parent if enospc.filename else Path(run_dir)
+    while not folder.exists() and folder != folder.parent:  # a run folder the full disk kept from being made
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    return TrainingError(f"disk full: {folder} has {free:,} bytes free, too few to write into it ({enospc.strerror}); "
+                         f"{_recovery(Path(run_dir) / 'checkpoints')}")  # fmt: skip
 
 
 def check_monitors(callbacks: list, metrics: list[str]) -> None:
