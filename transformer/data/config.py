@@ -19,10 +19,10 @@ class CorpusConfig:
     format: str = "text"  # text: {split}.{lang}[.gz] files; json/parquet/csv: {split}.{ext} files; hub
     hub_config: str | None = None  # e.g. "de-en" for wmt14
     src_column: str | None = None  # two text columns; None: a "translation" column, or columns named src/tgt
-    tgt_column: str | None = None
-    train_split: str = "train"
+    tgt_column: str | None = None  # the target's text column (with src_column)
+    train_split: str = "train"  # the split training reads
     valid_split: str | None = None  # a dev set, scored at each validation as val/{corpus name}/...
-    test_split: str | None = None
+    test_split: str | None = None  # a test set: evaluate's default split (the main corpus's)
     weight: float = 1.0  # sampling weight in the mix (see DataConfig.temperature)
     tag: str | None = (
         None  # a reserved piece put before every source of this corpus, e.g. __bt__ (<bt> needs quotes in overrides)
@@ -60,11 +60,11 @@ class DataConfig(CorpusConfig):
     temperature: float | None = None  # null: each corpus's share of an epoch is weight / sum of weights;
     # T: share ~ weight x pairs^(1/T) (T=1 in proportion to size, larger T flatter, as in multilingual MT)
     epoch_pairs: int | None = None  # pairs drawn per epoch; null: all corpora's kept pairs (when mixing)
-    src: str = "de"
-    tgt: str = "en"
-    vocab_size: int = 8000
+    src: str = "de"  # the source language: a file suffix ({split}.de.gz) or a column name
+    tgt: str = "en"  # the target language
+    vocab_size: int = 8000  # sentencepiece pieces (of the joint model, or of each language's)
     joint_vocab: bool = True  # one sentencepiece model for both languages
-    tokenizer_type: str = "unigram"
+    tokenizer_type: str = "unigram"  # the sentencepiece model: unigram or bpe
     tokenizer_sentences: int = 500_000  # the tokenizer trains on at most this many sentences, sampled by the mix
     max_length: int = 250  # training pairs with more tokens on either side are dropped
     max_length_ratio: float = 3.0  # training pairs whose token counts differ by more than this factor are dropped
@@ -79,9 +79,9 @@ class DataConfig(CorpusConfig):
     streaming: bool = False  # read training pairs from prepare's shards in a bounded buffer, not all in memory
     buffer_pairs: int = 100_000  # streaming: pairs length-bucketed and shuffled together
     bad_shards: str = "warn"  # streaming: a shard that cannot be read is skipped with a warning, or stops (error)
-    seed: int = 1
-    cache_dir: str = "data/cache"
-    num_workers: int = 0
+    seed: int = 1  # batch order, the mix's draws and subword samples: each epoch's follow from (seed, epoch)
+    cache_dir: str = "data/cache"  # tokenizers and encoded splits, keyed by the corpus files and settings
+    num_workers: int = 0  # DataLoader worker processes per rank; 0: batches are made in the training process
     # how loader workers start: fork (Linux's default), forkserver or spawn; forkserver avoids forking a process
     # whose other threads (DDP's, the intra-op pool) may hold a lock, which can leave a worker waiting forever
     worker_start: str | None = None

@@ -26,19 +26,19 @@ class ModelConfig:
     src_vocab_size: int
     tgt_vocab_size: int
     pad_id: int
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024
-    n_encoder_layers: int = 3
-    n_decoder_layers: int = 3
+    d_model: int = 256  # width of the embeddings and of every layer's output
+    n_heads: int = 4  # attention heads; d_model must divide by it
+    d_ff: int = 1024  # the feed-forward block's inner width
+    n_encoder_layers: int = 3  # encoder layers
+    n_decoder_layers: int = 3  # decoder layers
     dropout: float = 0.1  # embeddings and residual branches
     attention_dropout: float = 0.0  # attention probabilities
     activation_dropout: float = 0.0  # inside the feed-forward block
     token_dropout: float = 0.0  # whole input tokens' embeddings, source and target (word dropout)
-    activation: str = "relu"
+    activation: str = "relu"  # the feed-forward activation: relu or gelu
     norm_first: bool = True  # pre-LayerNorm; False is the 2017 paper's post-LayerNorm
-    positions: str = "sinusoidal"
-    max_positions: int = 1024
+    positions: str = "sinusoidal"  # position embeddings: sinusoidal or learned
+    max_positions: int = 1024  # the longest sequence the position table covers
     share_embeddings: bool = True  # one table for source and target tokens (joint vocabulary)
     tie_output: bool = True  # output projection = target embedding table
     window: int | None = None  # self-attention sees keys within this many positions

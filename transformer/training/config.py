@@ -11,13 +11,13 @@ BEST_METRICS = ("bleu", "chrf")
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.98
+    lr: float = 1e-3  # the peak learning rate, reached at the end of the warmup
+    beta1: float = 0.9  # AdamW's decay of the gradients' running mean
+    beta2: float = 0.98  # AdamW's decay of their running square
     weight_decay: float = 0.01  # not applied to biases, norms and positions
-    warmup_steps: int = 400  # all recorded runs; 800 would outlast the default run (5 epochs, ~625 steps)
+    warmup_steps: int = 400  # linear warmup to lr; 800 would outlast the default run (5 epochs, ~625 steps)
     schedule: str = "inverse_sqrt"  # the paper's; cosine decays to zero at the last step
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.1  # the share of the target's probability spread over the vocabulary
     ema_decay: float | None = None  # an exponential moving average of the weights, validated with and checkpointed
     ema_warmup: bool = False  # early on the average spans the last ~tenth of the steps, not all of them
     # R-Drop: each batch twice through the model (two dropout masks, twice the compute), their predictions pulled
@@ -41,7 +41,7 @@ class ValidationConfig:
     bleu_every: int = 1  # greedy-decode and score every N validations; 0 never
     bleu_max_sentences: int | None = None  # decode only the validation sentences with index < N
     max_len_a: float = MAX_LEN_A  # hypotheses stop at a * source length + b tokens
-    max_len_b: int = MAX_LEN_B
+    max_len_b: int = MAX_LEN_B  # b of that limit
     text_examples: int = 3  # source/reference/hypothesis triples shown in TensorBoard
     best_metric: str = "bleu"  # bleu or chrf (chrF++): what the best checkpoints are kept by (val/{best_metric})
 
