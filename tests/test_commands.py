@@ -9,34 +9,15 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
 from transformer import evaluate, prepare
 from transformer.inference import SearchConfig, Translator
-from transformer.schema import register_configs
 
-from .helpers import ROOT, tiny_data, write_text_corpus
+from .helpers import ROOT, compose_command, tiny_data, write_text_corpus
 
 AVERAGE = runpy.run_path(str(ROOT / "scripts" / "average_checkpoints.py"))["main"]
-
-
-def compose_command(name: str, overrides: list[str], run_dir: Path | None = None):
-    """The command's config as `python -m transformer.{name}` composes it; with run_dir, ready for its main() here
-    (Hydra's runtime set, the hydra node dropped)."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose(name, overrides=overrides, return_hydra_config=run_dir is not None or name == "evaluate")
-    if run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)  # Hydra makes it before main() runs
-        with open_dict(cfg):
-            cfg.hydra.runtime.output_dir = str(run_dir)
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            del cfg["hydra"]
-    return cfg
 
 
 def one_line_error(capsys, run, *args) -> str:

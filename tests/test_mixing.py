@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from transformer import translate
 from transformer.data import DataConfig, TokenBatchSampler, TranslationDataModule, load_corpus, prepare_data
 from transformer.data.mixing import Mixture, mixture_shares
 from transformer.data.prepare import _tokenizer_sentences
@@ -16,7 +17,16 @@ from transformer.inference import SearchConfig, Translator
 from transformer.model.transformer import EncoderDecoder
 from transformer.training.errors import TrainingError
 
-from .helpers import RECORD, ROOT, LossRecorder, callback, config, run_train, tiny_data, write_text_corpus
+from .helpers import (
+    RECORD,
+    LossRecorder,
+    callback,
+    compose_command,
+    config,
+    run_train,
+    tiny_data,
+    write_text_corpus,
+)
 
 SMALL = {"dev": 12, "test": 5, "train": 60}  # its training sentences are not the main corpus's (the seed is the order)
 
@@ -143,14 +153,7 @@ def encoded_sources(monkeypatch) -> list[torch.Tensor]:
 
 def translate_command(*overrides: str) -> None:
     """`python -m transformer.translate OVERRIDES`, run here."""
-    from hydra import compose, initialize_config_dir
-
-    from transformer.schema import register_configs
-    from transformer.translate import main
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        main(compose("translate", overrides=list(overrides)))
+    translate.main(compose_command("translate", list(overrides)))
 
 
 def test_a_mixed_run_logs_every_dev_set_and_translates_a_tagged_one_with_its_tag(mix_overrides, tmp_path, monkeypatch,

@@ -35,6 +35,22 @@ def compose_train(run_dir: Path, overrides: list[str]):
     return cfg
 
 
+def compose_command(name: str, overrides: list[str], run_dir: Path | None = None):
+    """The command's config as `python -m transformer.{name}` composes it; with run_dir, ready for its main() here
+    (Hydra's runtime set, the hydra node dropped)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose(name, overrides=overrides, return_hydra_config=run_dir is not None or name == "evaluate")
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)  # Hydra makes it before main() runs
+        with open_dict(cfg):
+            cfg.hydra.runtime.output_dir = str(run_dir)
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return cfg
+
+
 def run_train(run_dir: Path, overrides: list[str]) -> pl.Trainer:
     return train(compose_train(run_dir, overrides), run_dir)
 
