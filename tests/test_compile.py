@@ -1,6 +1,7 @@
 """The training step's forward and backward compile as one graph: nothing in the hot path waits on the device (a
 sync, a data-dependent shape or branch would break the graph, and fullgraph=True makes that an error)."""
 
+import copy
 import functools
 
 import pytest
@@ -11,12 +12,12 @@ from torch._dynamo.utils import counters
 from transformer.data import TranslationDataModule
 from transformer.kernel_calls import synthetic_batch
 from transformer.model import ModelConfig, SequenceLayout, build_model
+from transformer.model.compiling import compile_dynamic
 from transformer.model.loss import batch_loss_sum, loss_sum
 
 from .helpers import callback, config, run_train, tiny_data, write_text_corpus
 
 V = 23
-BATCH_KEYS = ("src", "tgt_in", "tgt_out", "src_lengths", "src_padded", "src_tokens", "tgt_tokens")
 
 
 def collated(src_lengths: list[int], tgt_lengths: list[int], seed: int = 0) -> dict:
@@ -39,28 +40,29 @@ ONE_LAYER = dict(n_encoder_layers=1, n_decoder_layers=1)
 
 
 def check_compiled_training_step_equals_eager(backend: str) -> None:
+    """The model compiled as training compiles it, over two batches of other sizes: one graph, equal to eager."""
     torch.manual_seed(0)
     cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, dropout=0.0, **ONE_LAYER)
-    model = build_model(cfg).train()
-
-    def loss(src, tgt_in, tgt_out, src_lengths, src_padded, src_tokens, tgt_tokens):
-        layout = SequenceLayout.right_padded(src_lengths, src.size(1), src_padded, src_tokens)
-        return loss_sum(model, src, tgt_in, tgt_out, 0.1, layout, tgt_tokens)[0]
-
+    eager = build_model(cfg).train()
+    compiled = copy.deepcopy(eager)
     torch._dynamo.reset()
-    compiled = torch.compile(loss, fullgraph=True, dynamic=True, backend=backend)
+    counters.clear()
+    compile_dynamic(compiled, fullgraph=True, backend=backend)
     for batch in (collated([5, 3, 7], [4, 6, 2]), collated([9, 2, 4, 6, 8], [3, 7, 5, 5, 1], seed=1)):
         assert batch["src_padded"]
+        layout = SequenceLayout.right_padded(batch["src_lengths"], batch["src"].size(1), True, batch["src_tokens"])
         results = []
-        for step in (loss, compiled):
+        src, tgt_in, tgt_out, tokens = batch["src"], batch["tgt_in"], batch["tgt_out"], batch["tgt_tokens"]
+        for model in (eager, compiled):
             model.zero_grad()
-            value = step(*(batch[k] for k in BATCH_KEYS))
+            value, _ = loss_sum(model, src, tgt_in, tgt_out, 0.1, layout, tokens)
             value.backward()
-            results.append((value.detach(), [p.grad.clone() for p in model.parameters()]))
-        (eager, eager_grads), (got, got_grads) = results
-        torch.testing.assert_close(got, eager)
-        for (name, _), g, e in zip(model.named_parameters(), got_grads, eager_grads):
-            torch.testing.assert_close(g, e, msg=name)
+            results.append((value.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
+        (want, want_grads), (got, got_grads) = results
+        torch.testing.assert_close(got, want)
+        for name, grad in want_grads.items():
+            torch.testing.assert_close(got_grads[name], grad, msg=name)
+    assert counters["stats"]["unique_graphs"] == 1  # the second batch's sizes reused the first trace
 
 
 def test_training_forward_and_backward_capture_as_one_graph():

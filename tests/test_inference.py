@@ -4,12 +4,15 @@ import subprocess
 import sys
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from sacrebleu.metrics import CHRF, TER
 
 from transformer.averaging import average_checkpoints
+from transformer.data import TranslationDataModule
 from transformer.evaluate import data_config, evaluate
 from transformer.inference import SearchConfig, Translator
+from transformer.training import TranslationModule
 
 from .helpers import ROOT
 
@@ -18,7 +21,7 @@ def test_evaluate_with_greedy_search_reproduces_the_validation_bleu(trained):
     tmp, trainer, ckpt = trained
     translator = Translator.from_path(str(ckpt))
     data = data_config(translator.data, {})
-    assert translator.trained_precision == "bf16"  # decoded as validation was: bf16, the same batches
+    assert translator.trained_precision == "32"  # decoded as validation was, the same batches
     search = SearchConfig(beam_size=1, max_tokens=data.max_tokens)
     result = evaluate(translator, data, "val", search, translator.trained_precision)
     assert result["bleu"] == pytest.approx(trainer.callback_metrics["val/bleu"].item(), abs=1e-4)  # logged as float32
@@ -28,6 +31,20 @@ def test_evaluate_with_greedy_search_reproduces_the_validation_bleu(trained):
     hypotheses, references = result["hypotheses"], [result["references"]]
     assert result["chrf"] == CHRF(word_order=2).corpus_score(hypotheses, references).score  # chrF++
     assert result["ter"] == TER().corpus_score(hypotheses, references).score and result["ter_line"].startswith("TER|")
+
+
+def test_evaluate_in_bf16_reproduces_a_bf16_validation_of_the_same_weights(trained):
+    """The float32-trained model validated under bf16-mixed (as a bf16 run validates) and evaluated in bf16: the same
+    chrF++, which float32 decoding does not reach: bf16 is what evaluate ran."""
+    _, _, ckpt = trained
+    translator = Translator.from_path(str(ckpt))
+    data = data_config(translator.data, {})
+    trainer = pl.Trainer(precision="bf16-mixed", logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    module = TranslationModule.load_from_checkpoint(ckpt)
+    validated = trainer.validate(module, TranslationDataModule(data), verbose=False)
+    greedy = SearchConfig(beam_size=1, max_tokens=data.max_tokens)
+    bf16, float32 = (evaluate(translator, data, "val", greedy, precision)["chrf"] for precision in ("bf16", "32"))
+    assert bf16 == pytest.approx(validated[0]["val/chrf"], abs=1e-4) and abs(bf16 - float32) > 1e-3
 
 
 @pytest.mark.slow  # end to end in subprocesses
@@ -42,7 +59,7 @@ def test_translate_command_gives_one_line_per_input_line_in_order(trained):
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout.split("\n")[:-1]
     assert len(out) == len(lines) and out[1] == "" and out[3] == ""
-    translator = Translator.from_path(str(ckpt))  # the command decodes as training validated: bf16
+    translator = Translator.from_path(str(ckpt))  # the command decodes as training validated
     expected = translator.translate(sources, SearchConfig(beam_size=2), translator.trained_precision)
     assert [out[0], out[2], *out[4:-1]] == expected
     assert "tokens was translated up to its first 1023 (model.max_positions)" in result.stderr

@@ -22,6 +22,7 @@ from .allocator import allocator_hint
 from .cli import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .model import ModelConfig, RuntimeConfig
+from .model.compiling import compile_dynamic
 from .model.kernels import check_backend
 from .precision import device_type, resolve_precision
 from .training import OptimConfig, TranslationModule, ValidationConfig
@@ -90,9 +91,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         check_resumable(checkpoint, ckpt_path, model, tokenizers)
         del checkpoint  # trainer.fit loads it again; do not hold two copies
     if cfg.compile:
-        # in place: parameter names, and so checkpoints, stay those of the plain model. dynamic: every batch has
-        # other sizes, so they are symbols from the first trace on, not after a recompile or two of static ones
-        module.model.compile(dynamic=True)
+        compile_dynamic(module.model)
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     check_monitors(callbacks, TranslationModule.validation_metrics(list(data.validation_sets)))
     trainer = pl.Trainer(

@@ -17,6 +17,8 @@ from transformer.train import train
 
 from .corpora import ROOT
 
+register_configs()  # once: the schemas stay in Hydra's ConfigStore for every composition after
+
 
 def tiny_data(corpus: Path, cache: Path) -> list[str]:
     return [f"data.path={corpus}", f"data.cache_dir={cache}", "data.vocab_size=340", "data.test_split=test",
@@ -25,7 +27,6 @@ def tiny_data(corpus: Path, cache: Path) -> list[str]:
 
 def compose_train(run_dir: Path, overrides: list[str]):
     """The real config with overrides, as `python -m transformer.train` composes it, for running train() here."""
-    register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=[*overrides, f"hydra.run.dir={run_dir}"], return_hydra_config=True)
     with open_dict(cfg):
@@ -38,7 +39,6 @@ def compose_train(run_dir: Path, overrides: list[str]):
 def compose_command(name: str, overrides: list[str], run_dir: Path | None = None):
     """The command's config as `python -m transformer.{name}` composes it; with run_dir, ready for its main() here
     (Hydra's runtime set, the hydra node dropped)."""
-    register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose(name, overrides=overrides, return_hydra_config=run_dir is not None or name == "evaluate")
     if run_dir is not None:
