@@ -7,8 +7,6 @@ import torch.nn.functional as F
 from transformer.decoding import Hypothesis, beam_search, greedy_search
 from transformer.model import ModelConfig, build_model
 
-from .helpers.imports import frameworks_imported
-
 PAD, UNK, BOS, EOS, V = 0, 1, 2, 3, 23
 
 
@@ -135,10 +133,6 @@ def test_reproduces_a_few_memorized_pairs(memorized):
     model, src, targets = memorized
     assert greedy_search(model, src, BOS, EOS) == targets
     assert greedy_search(model, src, BOS, EOS, use_cache=False) == targets
-
-
-def test_decoding_package_imports_neither_lightning_nor_hydra():
-    assert frameworks_imported()["transformer.decoding"] == []
 
 
 # beam search

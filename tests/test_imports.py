@@ -1,7 +1,13 @@
-"""The package's modules import each other without cycles: a module one of them uses never uses it back."""
+"""The package's modules import each other without cycles, and the plain-PyTorch packages pull in no framework."""
 
 import ast
+import functools
+import json
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).parents[1] / "transformer"
 
@@ -76,3 +82,28 @@ def test_the_import_graph_is_read_from_the_source():
 def test_no_module_of_the_package_imports_itself_through_others():
     found = cycles(import_graph())
     assert not found, f"modules that import each other (one should only use the other): {found}"
+
+
+FRAMEWORKS = ("lightning", "pytorch_lightning", "hydra", "omegaconf")
+PLAIN_PYTORCH = ("transformer.model", "transformer.decoding")
+
+
+@functools.cache
+def frameworks_imported() -> dict[str, list[str]]:
+    """{package: the framework modules loaded once it is imported}, for each of PLAIN_PYTORCH in that order
+    (transformer.decoding imports transformer.model), in a fresh interpreter: this one has imported everything. One
+    interpreter start (~4 s) for both."""
+    code = (
+        "import importlib, json, sys\n"
+        f"seen = {{}}\nfor name in {PLAIN_PYTORCH!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"    seen[name] = sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r})\n"
+        "print(json.dumps(seen))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("package", PLAIN_PYTORCH)
+def test_the_model_and_decoding_packages_import_neither_lightning_nor_hydra(package):
+    assert frameworks_imported()[package] == []

@@ -5,8 +5,6 @@ import torch.nn.functional as F
 from transformer.model import MODEL_SIZES, ModelConfig, MultiHeadAttention, RuntimeConfig, SequenceLayout, build_model
 from transformer.model.loss import loss_sum
 
-from .helpers.imports import frameworks_imported
-
 PAD, V = 0, 23
 
 
@@ -126,10 +124,6 @@ def test_too_long_input_names_max_positions():
     model = tiny(max_positions=8)
     with pytest.raises(ValueError, match="max_positions=8"):
         model(tokens([9], 9), tokens([3], 3))
-
-
-def test_model_package_imports_neither_lightning_nor_hydra():
-    assert frameworks_imported()["transformer.model"] == []
 
 
 @pytest.mark.parametrize("overrides", [{}, {"norm_first": False}])
