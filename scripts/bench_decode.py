@@ -30,7 +30,7 @@ from sacrebleu.metrics import BLEU
 from transformer.benchmarks.machine import machine, status_kib
 from transformer.benchmarks.report import BENCHMARKS, record
 from transformer.data import DataConfig, load_corpus
-from transformer.inference import SearchConfig, Translator
+from transformer.translators import CheckpointTranslator, SearchConfig
 
 
 def timed(run, todo, warm_up, reps: int):
@@ -44,7 +44,7 @@ def timed(run, todo, warm_up, reps: int):
     return statistics.median(seconds), found
 
 
-def marian_run(translator: Translator, sources: list[list[int]], beam: int, precision: str):
+def marian_run(translator: CheckpointTranslator, sources: list[list[int]], beam: int, precision: str):
     """A function timing MarianMTModel.generate over the batches our search decodes, each for as many steps as
     our longest hypothesis (with EOS) there; None without transformers."""
     from transformer.benchmarks.peers import MarianPeer
@@ -75,7 +75,7 @@ def measure(args) -> dict:
     threads. Seconds (median), target tokens with EOS, BLEU, peak memory growth (MiB; none for MarianMT)."""
     decoder, beam, precision, threads = args.row[0], int(args.row[1]), args.row[2], int(args.row[3])
     torch.set_num_threads(threads)
-    translator = Translator.from_path(args.ckpt)  # its tokenizers and data config; its model when timed
+    translator = CheckpointTranslator.from_path(args.ckpt)  # its tokenizers and data config; its model when timed
     data = DataConfig.from_dict(translator.data)
     pairs = load_corpus(data)[0][args.split or data.test_split]
     texts, references = list(pairs["src"])[: args.sentences], list(pairs["tgt"])[: args.sentences]
@@ -87,7 +87,7 @@ def measure(args) -> dict:
     before = status_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
     if decoder in ("ours", "ours-no-cache"):
-        ours = Translator.from_path(args.ckpt)
+        ours = CheckpointTranslator.from_path(args.ckpt)
         search = replace(search, use_cache=decoder == "ours")
         reps = reps if search.use_cache else 1
 
@@ -98,9 +98,9 @@ def measure(args) -> dict:
         if run is None:
             return {}
     else:
-        from transformer.export.engine import ExportedTranslator, ctranslate2_search
+        from transformer.translators.ctranslate2 import CTranslate2Translator, ctranslate2_search
 
-        exported = ExportedTranslator(decoder, threads=threads)
+        exported = CTranslate2Translator(decoder, threads=threads)
 
         def run(todo):
             return ctranslate2_search(exported.engine, *exported.pieces, todo, search, exported.eos_piece)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformer.averaging import checkpoints_by_step
 from transformer.evaluate import data_config, evaluate
-from transformer.inference import SearchConfig, Translator
+from transformer.translators import CheckpointTranslator, SearchConfig
 
 
 def training_minutes(checkpoint: dict) -> float | None:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| step | training minutes | BLEU | chrF++ |\n|---:|---:|---:|---:|")
     reached = None
     for step, path, minutes in checkpoints_by_step(args.folder, training_minutes):
-        translator = Translator.from_path(str(path), ema=args.ema)
+        translator = CheckpointTranslator.from_path(str(path), ema=args.ema)
         data = data_config(translator.data, {})
         result = evaluate(translator, data, args.split or data.test_split, SearchConfig(beam_size=args.beam_size),
                           translator.trained_precision)  # fmt: skip

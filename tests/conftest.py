@@ -22,7 +22,7 @@ def pytest_configure(config):
 
 # The files that take longest (their fixtures train) go first. pytest-xdist hands out whole files in collection order
 # (--no-loadscope-reorder), so none of them is left to start as the other workers run out of files
-LONGEST = ("test_train.py", "test_compile.py", "test_kernels.py", "test_decoding.py")
+LONGEST = ("test_train.py", "test_compile.py", "test_serve.py", "test_kernels.py", "test_decoding.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
 from transformer import evaluate, prepare
-from transformer.inference import SearchConfig, Translator
+from transformer.translators import CheckpointTranslator, SearchConfig
 
 from .helpers import ROOT, compose_command, tiny_data, write_text_corpus
 
@@ -44,7 +44,7 @@ def test_averaging_a_folder_writes_average_pt_there(trained, tmp_path):
     AVERAGE([str(folder), "--last", "2"])
     averaged = torch.load(folder / "average.pt", weights_only=True)
     assert sorted(averaged["averaged_from"]) == [str(folder / p.name) for p in kept]
-    assert Translator.from_path(str(folder / "average.pt")).model is not None  # evaluate and translate open it
+    assert CheckpointTranslator.from_path(str(folder / "average.pt")).model is not None  # evaluate, translate open it
     assert [p.name for p in folder.iterdir() if not p.is_symlink()] == ["average.pt"]
 
 
@@ -114,7 +114,7 @@ def test_evaluate_scores_a_pair_of_files(trained, tmp_path, capsys):
     evaluate.main(compose_command("evaluate", [*common, *pair], out))
     printed = capsys.readouterr().out
     scores = json.loads((out / "src.de.beam1.json").read_text())
-    hypotheses = Translator.from_path(str(ckpt)).translate(source, SearchConfig(beam_size=1), "32")
+    hypotheses = CheckpointTranslator.from_path(str(ckpt)).translate(source, SearchConfig(beam_size=1), "32")
     assert (out / "src.de.beam1.hyp").read_text().splitlines() == hypotheses
     assert scores["sentences"] == 16 and scores["bleu"] == BLEU().corpus_score(hypotheses, [target]).score > 20
     assert scores["chrf"] == CHRF(word_order=2).corpus_score(hypotheses, [target]).score

@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 from transformer.cli import check_overrides
 from transformer.data import DataConfig
 from transformer.data.config import CorpusConfig
-from transformer.inference import SearchConfig
 from transformer.model import ModelConfig, RuntimeConfig
 from transformer.schema import trainer_arguments
 from transformer.training import OptimConfig, ValidationConfig
+from transformer.translators import SearchConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.inference import Translator
 from transformer.training import OptimConfig
 from transformer.training.ema import WeightAverage
+from transformer.translators import CheckpointTranslator
 
 from .helpers import RECORD, LossRecorder, callback, run_train, tiny_data, write_text_corpus
 from .helpers.prerequisites import require_module
@@ -37,7 +37,8 @@ def test_the_average_is_the_decay_weighted_mean_of_every_step_and_stands_in_only
 
 
 def test_the_average_of_a_tied_weight_is_saved_under_each_of_its_names():
-    """Loaded over the weights, as a checkpoint's ema_state_dict is (Translator, ema=true), it replaces all of them."""
+    """Loaded over the weights, as a checkpoint's ema_state_dict is (CheckpointTranslator, ema=true), it replaces
+    all of them."""
     model = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 5, bias=False))
     model[1].weight = model[0].weight  # tied, as shared embeddings and a tied output layer are
     average = WeightAverage(0.5)
@@ -125,7 +126,9 @@ def test_a_run_validates_with_the_warmed_up_average_and_trains_on_from_its_own_w
         return nll.item() / tokens
 
     checkpoint_path = str(tmp_path / "run" / "checkpoints" / "last.ckpt")
-    losses = {ema: validation_loss(Translator.from_path(checkpoint_path, ema=ema).model) for ema in (True, False)}
+    losses = {
+        ema: validation_loss(CheckpointTranslator.from_path(checkpoint_path, ema=ema).model) for ema in (True, False)
+    }
     logged = trainer.callback_metrics["val/loss"].item()
     assert logged == pytest.approx(losses[True], rel=1e-5) and logged != pytest.approx(losses[False], rel=1e-3)
 
@@ -163,10 +166,10 @@ def test_validation_scores_the_average_while_training_follows_the_weights(ema_ru
     assert "ema_state_dict" not in torch.load(tmp / "plain" / "checkpoints" / "last.ckpt", weights_only=True)
     name = next(k for k in checkpoint["ema_state_dict"] if k.endswith("in_proj_weight"))
     assert not torch.equal(checkpoint["ema_state_dict"][name], checkpoint["state_dict"][name])
-    translator = Translator.from_path(str(tmp / "ema" / "checkpoints" / "last.ckpt"), ema=True)
+    translator = CheckpointTranslator.from_path(str(tmp / "ema" / "checkpoints" / "last.ckpt"), ema=True)
     assert torch.equal(translator.model.state_dict()[name.removeprefix("model.")], checkpoint["ema_state_dict"][name])
     with pytest.raises(ValueError, match="holds no weight average .* drop ema=true"):
-        Translator.from_path(str(tmp / "plain" / "checkpoints" / "last.ckpt"), ema=True)
+        CheckpointTranslator.from_path(str(tmp / "plain" / "checkpoints" / "last.ckpt"), ema=True)
 
 
 @pytest.mark.slow

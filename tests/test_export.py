@@ -8,9 +8,9 @@ import torch
 
 from transformer.export import UnsupportedModel, checkpoint_spec, ctranslate2_spec, supported, write_model
 from transformer.export.parity import Parity
-from transformer.inference import SearchConfig, Translator
 from transformer.model import ModelConfig, build_model
 from transformer.schema import ExportConfig
+from transformer.translators import CheckpointTranslator, SearchConfig
 
 from .helpers.prerequisites import require_module
 
@@ -22,12 +22,12 @@ def pieces(n: int) -> list[str]:
     return ["<pad>", "<unk>", "<s>", "</s>", *(f"w{i}" for i in range(4, n))]
 
 
-def exported(translator: Translator, folder, quantization=None) -> "ctranslate2.Translator":
+def exported(translator: CheckpointTranslator, folder, quantization=None) -> "ctranslate2.Translator":
     spec = checkpoint_spec(translator)
     return ctranslate2.Translator(str(write_model(spec, folder, quantization)), device="cpu", intra_threads=2)
 
 
-def greedy(translator: Translator, engine, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+def greedy(translator: CheckpointTranslator, engine, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
     """Our greedy tokens and the export's, per text."""
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     ids = src.encode(texts)
@@ -38,7 +38,7 @@ def greedy(translator: Translator, engine, texts: list[str]) -> tuple[list[list[
 
 def test_a_float32_export_decodes_greedily_exactly_as_translate(trained, tmp_path):
     tmp, _, checkpoint = trained
-    translator = Translator.from_path(str(checkpoint))
+    translator = CheckpointTranslator.from_path(str(checkpoint))
     texts = (tmp / "c" / "val.de").read_text().splitlines()
     ours, theirs = greedy(translator, exported(translator, tmp_path / "ct2"), texts)
     assert len(ours) == len(texts) > 20 and ours == theirs
@@ -46,7 +46,7 @@ def test_a_float32_export_decodes_greedily_exactly_as_translate(trained, tmp_pat
 
 def test_an_int8_export_decodes_nearly_as_float32(trained, tmp_path):
     tmp, _, checkpoint = trained
-    translator = Translator.from_path(str(checkpoint))
+    translator = CheckpointTranslator.from_path(str(checkpoint))
     texts = (tmp / "c" / "val.de").read_text().splitlines()
     float32, int8 = exported(translator, tmp_path / "float32"), exported(translator, tmp_path / "int8", "int8")
     ours, theirs = greedy(translator, int8, texts)
@@ -107,7 +107,7 @@ def test_an_architecture_ctranslate2_cannot_run_is_refused_in_one_line():
 
 def test_a_failed_export_leaves_the_earlier_folder_as_it_was(trained, tmp_path):
     tmp, _, checkpoint = trained
-    translator = Translator.from_path(str(checkpoint))
+    translator = CheckpointTranslator.from_path(str(checkpoint))
     exported(translator, tmp_path / "ct2")
     before = (tmp_path / "ct2" / "model.bin").read_bytes()
     with pytest.raises(ValueError):
@@ -235,7 +235,7 @@ def test_a_float32_export_that_decodes_differently_fails_exits_1_and_names_the_s
     import transformer.export.__main__ as command
 
     tmp, _, checkpoint = trained
-    translator = Translator.from_path(str(checkpoint))
+    translator = CheckpointTranslator.from_path(str(checkpoint))
     sources = (tmp / "c" / "test.de").read_text().splitlines()  # the test split, the gate's default input
     ours = [h[0].tokens for h in translator.search(translator.src_tokenizer.encode(sources), SearchConfig(beam_size=1))]
     holding = {t: [i for i, h in enumerate(ours) if t in h] for t in {t for h in ours for t in h}}
@@ -285,7 +285,7 @@ def test_the_readme_s_python_lines_translate_with_the_export_alone(trained, tmp_
     from .helpers import ROOT
 
     tmp, _, checkpoint = trained
-    translator = Translator.from_path(str(checkpoint))
+    translator = CheckpointTranslator.from_path(str(checkpoint))
     exported(translator, tmp_path / "ct2")
     (tmp_path / "ct2" / "source.spm.model").write_bytes(translator.src_tokenizer.sp.serialized_model_proto())
     (tmp_path / "ct2" / "target.spm.model").write_bytes(translator.tgt_tokenizer.sp.serialized_model_proto())
@@ -300,7 +300,7 @@ def test_the_readme_s_python_lines_translate_with_the_export_alone(trained, tmp_
 def test_translate_and_evaluate_take_an_exported_folder_as_a_checkpoint(trained, tmp_path):
     from transformer.evaluate import data_config, evaluate
     from transformer.export.__main__ import export
-    from transformer.export.engine import open_translator
+    from transformer.translators import open_translator
 
     tmp, _, checkpoint = trained
     folder, _ = export(export_config(checkpoint, tmp_path / "ct2"))
@@ -335,7 +335,7 @@ def test_the_export_stops_each_sentence_at_the_same_max_length(beam_size, tmp_pa
     """A random model rarely ends a sentence: its hypotheses run to the max-length rule, which differs by source
     length; both engines must cut each at the same place."""
     from transformer.decoding import beam_search, greedy_search
-    from transformer.export.engine import ctranslate2_search
+    from transformer.translators.ctranslate2 import ctranslate2_search
 
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=41, tgt_vocab_size=41, pad_id=0, d_model=32, n_heads=4, d_ff=64,

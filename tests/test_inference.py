@@ -11,15 +11,15 @@ from sacrebleu.metrics import CHRF, TER
 from transformer.averaging import average_checkpoints
 from transformer.data import TranslationDataModule
 from transformer.evaluate import data_config, evaluate
-from transformer.inference import SearchConfig, Translator
 from transformer.training import TranslationModule
+from transformer.translators import CheckpointTranslator, SearchConfig
 
 from .helpers import ROOT
 
 
 def test_evaluate_with_greedy_search_reproduces_the_validation_bleu(trained):
     tmp, trainer, ckpt = trained
-    translator = Translator.from_path(str(ckpt))
+    translator = CheckpointTranslator.from_path(str(ckpt))
     data = data_config(translator.data, {})
     assert translator.trained_precision == "32"  # decoded as validation was, the same batches
     search = SearchConfig(beam_size=1, max_tokens=data.max_tokens)
@@ -37,7 +37,7 @@ def test_evaluate_in_bf16_reproduces_a_bf16_validation_of_the_same_weights(train
     """The float32-trained model validated under bf16-mixed (as a bf16 run validates) and evaluated in bf16: the same
     chrF++, which float32 decoding does not reach: bf16 is what evaluate ran."""
     _, _, ckpt = trained
-    translator = Translator.from_path(str(ckpt))
+    translator = CheckpointTranslator.from_path(str(ckpt))
     data = data_config(translator.data, {})
     trainer = pl.Trainer(precision="bf16-mixed", logger=False, enable_progress_bar=False, enable_checkpointing=False)
     module = TranslationModule.load_from_checkpoint(ckpt)
@@ -59,7 +59,7 @@ def test_translate_command_gives_one_line_per_input_line_in_order(trained):
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout.split("\n")[:-1]
     assert len(out) == len(lines) and out[1] == "" and out[3] == ""
-    translator = Translator.from_path(str(ckpt))  # the command decodes as training validated
+    translator = CheckpointTranslator.from_path(str(ckpt))  # the command decodes as training validated
     expected = translator.translate(sources, SearchConfig(beam_size=2), translator.trained_precision)
     assert [out[0], out[2], *out[4:-1]] == expected
     assert "tokens was translated up to its first 1023 (model.max_positions)" in result.stderr
@@ -77,7 +77,7 @@ def test_translate_nbest_writes_the_n_best_of_each_line_as_tsv(trained):
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line.split("\t") for line in result.stdout.splitlines()]
     assert [int(r[0]) for r in rows] == [0, 0, 1, 2, 2, 3, 3] and rows[2][2] == ""
-    translator = Translator.from_path(str(ckpt))
+    translator = CheckpointTranslator.from_path(str(ckpt))
     best = translator.translate(sources, SearchConfig(beam_size=3), translator.trained_precision)
     assert [rows[0][2], rows[3][2], rows[5][2]] == best
     for first, second in ((rows[0], rows[1]), (rows[3], rows[4]), (rows[5], rows[6])):
@@ -154,9 +154,8 @@ def test_averaging_is_exact_and_loadable(trained, tmp_path):
     torch.save(same, tmp_path / "same.pt")
     search = SearchConfig(beam_size=2)
     sources = (tmp / "c" / "test.de").read_text().splitlines()[:8]
-    assert Translator.from_path(str(tmp_path / "same.pt")).translate(sources, search) == Translator.from_path(
-        str(ckpt)
-    ).translate(sources, search)
+    averaged = CheckpointTranslator.from_path(str(tmp_path / "same.pt"))
+    assert averaged.translate(sources, search) == CheckpointTranslator.from_path(str(ckpt)).translate(sources, search)
 
 
 @pytest.mark.slow  # end to end in subprocesses

@@ -13,9 +13,9 @@ from transformer.data import DataConfig, TokenBatchSampler, TranslationDataModul
 from transformer.data.mixing import Mixture, mixture_shares
 from transformer.data.prepare import _tokenizer_sentences
 from transformer.evaluate import evaluate
-from transformer.inference import SearchConfig, Translator
 from transformer.model.transformer import EncoderDecoder
 from transformer.training.errors import TrainingError
+from transformer.translators import CheckpointTranslator, SearchConfig
 
 from .helpers import (
     RECORD,
@@ -169,7 +169,7 @@ def test_a_mixed_run_logs_every_dev_set_and_translates_a_tagged_one_with_its_tag
     batches = callback(trainer, LossRecorder).batches
     assert any(i >= 300 for b in batches.values() for i in b)  # the small corpus's pairs were trained on
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    translator = Translator.from_path(str(checkpoint))
+    translator = CheckpointTranslator.from_path(str(checkpoint))
     tag = translator.src_tokenizer.tag_id("__small__")
     sources = encoded_sources(monkeypatch)
     result = evaluate(translator, DataConfig.from_dict(translator.data), "small/dev", SHORT, "32")

@@ -19,11 +19,12 @@ import pytorch_lightning as pl
 import yaml
 
 from .data.config import CorpusConfig, DataConfig
-from .inference import SearchConfig
 from .model import ModelConfig, RuntimeConfig
 from .model.config import MODEL_SIZES
 from .schema import FROM_TOKENIZER, EvaluateConfig, ExportConfig, TrainConfig, TranslateConfig
+from .serve.config import ServeConfig
 from .training import OptimConfig, ValidationConfig
+from .translators import SearchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -170,7 +171,7 @@ def unexplained() -> list[str]:
     missing = []
     for cls, skip in ((DataConfig, ()), (CorpusConfig, ()), (ModelConfig, FROM_TOKENIZER), (RuntimeConfig, ()),
                       (OptimConfig, ()), (ValidationConfig, ()), (TrainConfig, ()), (EvaluateConfig, ()),
-                      (TranslateConfig, ()), (ExportConfig, ())):  # fmt: skip
+                      (TranslateConfig, ()), (ExportConfig, ()), (ServeConfig, ())):  # fmt: skip
         for f in dataclasses.fields(cls):
             described = dataclasses.is_dataclass(f.default_factory()) if callable(f.default_factory) else False
             if f.name not in skip and not described and f.type is not typing.Any and not meaning(cls, f.name):
@@ -373,7 +374,7 @@ def render() -> str:
         "- [train](#train): [data](#data), [data.corpora.NAME](#datacorporaname), [model](#model),"
         " [runtime](#runtime), [optim](#optim), [validation](#validation), [trainer](#trainer),"
         " [callbacks](#callbacks), [logger](#logger), [presets](#presets)",
-        "- [evaluate](#evaluate), [translate](#translate), [export](#export), [prepare](#prepare)",
+        "- [evaluate](#evaluate), [translate](#translate), [export](#export), [serve](#serve), [prepare](#prepare)",
         "",
         "## train",
         "",
@@ -471,7 +472,7 @@ def render() -> str:
         "",
         "`python -m transformer.evaluate ckpt_path=PATH [key=value ...]` (`configs/evaluate.yaml`, schema"
         " `EvaluateConfig` in `transformer/schema.py`; the search keys are `SearchConfig`'s, in"
-        " `transformer/inference.py`). `data.*` takes any [data](#data) key, null by default: the checkpoint's own;"
+        " `transformer/translators/interface.py`). `data.*` takes any [data](#data) key, null by default: the checkpoint's own;"
         " `runtime.*` as for [train](#runtime).",
         *fields_table(EvaluateConfig, "", skip=("data", "runtime")),
         "",
@@ -486,6 +487,12 @@ def render() -> str:
         "",
         "`python -m transformer.export ckpt_path=PATH [key=value ...]` (`configs/export.yaml`, schema `ExportConfig`).",
         *fields_table(ExportConfig, ""),
+        "",
+        "## serve",
+        "",
+        "`python -m transformer.serve models=[PATH,...] [key=value ...]` (`configs/serve.yaml`, schema `ServeConfig` in"
+        " `transformer/serve/config.py`; the API: [serve.md](serve.md)).",
+        *fields_table(ServeConfig, ""),
         "",
         "## prepare",
         "",

@@ -14,10 +14,9 @@ from sacrebleu.metrics import BLEU
 from .cli import check_overrides, one_line_errors, read_lines
 from .data import DataConfig, DataError, load_corpus
 from .data.sources import read_lines as read_corpus_lines
-from .export.engine import open_translator
-from .inference import SearchConfig, Translator
 from .model import RuntimeConfig
 from .significance import metrics, paired_tests
+from .translators import SearchConfig, Translator, open_translator
 
 
 def data_config(checkpoint_data: dict, overrides: dict) -> DataConfig:

@@ -15,10 +15,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .config_check import accepted
 from .data import DataConfig
-from .inference import SearchConfig
 from .model import ModelConfig, RuntimeConfig
+from .serve.config import ServeConfig
 from .training import OptimConfig, ValidationConfig
 from .training.resume import run_dir_for
+from .translators import SearchConfig
 
 FROM_TOKENIZER = ("src_vocab_size", "tgt_vocab_size", "pad_id")
 
@@ -139,7 +140,7 @@ def register_configs() -> None:
     """Called by every entry point before Hydra composes (and by tests that compose the real config)."""
     store = ConfigStore.instance()
     for name, schema in (("train", TrainConfig), ("evaluate", EvaluateConfig), ("translate", TranslateConfig),
-                         ("export", ExportConfig)):  # fmt: skip
+                         ("export", ExportConfig), ("serve", ServeConfig)):  # fmt: skip
         store.store(name=f"{name}_schema", node=_writable(OmegaConf.structured(schema)))
     store.store(group="trainer", name="schema", node=OmegaConf.structured(trainer_arguments(pl.Trainer)))
     # hydra.run.dir: a resumed run continues in its checkpoint's run folder, and evaluation writes there too

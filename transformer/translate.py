@@ -9,9 +9,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from .cli import check_overrides, one_line_errors
-from .export.engine import open_translator
-from .inference import SearchConfig, check_nbest
 from .model import RuntimeConfig
+from .translators import SearchConfig, check_nbest, open_translator
 
 
 def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:

@@ -77,6 +77,10 @@ class SentencePiece:
         lattice): its generator takes no seed, so the draw differs in every process."""
         return self.sp.encode(texts, enable_sampling=True, alpha=alpha, nbest_size=nbest_size)
 
+    def pieces(self) -> list[str]:
+        """The piece of each id: what CTranslate2 reads and writes."""
+        return [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
+
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.sp.decode(x) for x in ids]  # one by one: sentencepiece reads a batch of empty lists as one
 

@@ -14,7 +14,7 @@ from ..cli import check_overrides, one_line_errors, read_lines
 from ..data import load_corpus
 from ..data.sources import file_sha256
 from ..evaluate import data_config
-from ..inference import SearchConfig, Translator
+from ..translators import CheckpointTranslator, SearchConfig
 from .folder import convert, put_in_place, staging
 from .parity import gate_searches, parity
 from .spec import checkpoint_spec
@@ -22,7 +22,7 @@ from .spec import checkpoint_spec
 
 def export(cfg: DictConfig) -> tuple[Path, str | None]:
     """The export folder and why it failed the gate (None: it passed and is in place at `output`)."""
-    translator = Translator.from_path(cfg.ckpt_path, ema=cfg.ema)
+    translator = CheckpointTranslator.from_path(cfg.ckpt_path, ema=cfg.ema)
     output = Path(cfg.output or Path(cfg.ckpt_path).parent.parent / "export" / cfg.quantization)
     tmp = staging(output)
     try:
@@ -31,7 +31,9 @@ def export(cfg: DictConfig) -> tuple[Path, str | None]:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed export leaves nothing half-written
 
 
-def parity_sentences(cfg: DictConfig, translator: Translator) -> tuple[str, list[str], list[str] | None, str | None]:
+def parity_sentences(
+    cfg: DictConfig, translator: CheckpointTranslator
+) -> tuple[str, list[str], list[str] | None, str | None]:
     """What the gate decodes: (its name, the first parity_sentences sources, their references or None, the corpus
     tag to put before each): parity_input's lines (and parity_references'), or the checkpoint's test split."""
     if cfg.parity_sentences < 1:
@@ -59,7 +61,7 @@ def parity_sentences(cfg: DictConfig, translator: Translator) -> tuple[str, list
     return cfg.parity_input, sources, references, None
 
 
-def _build_and_check(cfg: DictConfig, translator: Translator, tmp: Path, output: Path):
+def _build_and_check(cfg: DictConfig, translator: CheckpointTranslator, tmp: Path, output: Path):
     import ctranslate2
 
     name, sources, references, tag = parity_sentences(cfg, translator)

@@ -4,9 +4,8 @@ from dataclasses import dataclass, replace
 
 from sacrebleu.metrics import BLEU
 
-from ..inference import SearchConfig, Translator
-from .engine import ctranslate2_search
-from .spec import pieces
+from ..translators import CheckpointTranslator, SearchConfig
+from ..translators.ctranslate2 import ctranslate2_search
 
 
 @dataclass
@@ -39,13 +38,13 @@ def gate_searches(search: SearchConfig) -> list[SearchConfig]:
     return [greedy] + ([replace(search, early_stopping=True)] if search.beam_size > 1 else [])
 
 
-def parity(translator: Translator, engine, sources: list[str], references: list[str] | None, search: SearchConfig,
-           tag: str | None = None) -> Parity:  # fmt: skip
+def parity(translator: CheckpointTranslator, engine, sources: list[str], references: list[str] | None,
+           search: SearchConfig, tag: str | None = None) -> Parity:  # fmt: skip
     """Both engines decode `sources` with the same search settings and max-length rule."""
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     ids = src.encode(sources, tag)
     ours = [h[0].tokens if h else [] for h in translator.search(ids, search)]
-    theirs = ctranslate2_search(engine, pieces(src), pieces(tgt), ids, search, tgt.sp.id_to_piece(tgt.eos_id))
+    theirs = ctranslate2_search(engine, src.pieces(), tgt.pieces(), ids, search, tgt.sp.id_to_piece(tgt.eos_id))
     name = "greedy" if search.beam_size == 1 else f"beam {search.beam_size}, length_penalty {search.length_penalty}"
     bleu = BLEU()
     scores = [None, None] if references is None else [bleu.corpus_score(tgt.decode(h), [references]).score

@@ -26,16 +26,11 @@ def supported(cfg: ModelConfig) -> None:
         )
 
 
-def pieces(tokenizer) -> list[str]:
-    """The piece of each id of a SentencePiece: what CTranslate2 reads and writes."""
-    return [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-
-
 def checkpoint_spec(translator):
-    """The TransformerSpec of a loaded checkpoint (a Translator): its model, vocabularies and special pieces."""
+    """The TransformerSpec of a loaded checkpoint (a CheckpointTranslator): its model, vocabularies and special pieces."""
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     special = {name: tgt.sp.id_to_piece(getattr(tgt, f"{name}_id")) for name in ("unk", "bos", "eos")}
-    return ctranslate2_spec(translator.model_config, translator.model.state_dict(), pieces(src), pieces(tgt), special)
+    return ctranslate2_spec(translator.model_config, translator.model.state_dict(), src.pieces(), tgt.pieces(), special)
 
 
 def ctranslate2_spec(cfg: ModelConfig, weights: dict[str, Tensor], src_pieces: list[str], tgt_pieces: list[str],
@@ -76,7 +71,7 @@ def ctranslate2_spec(cfg: ModelConfig, weights: dict[str, Tensor], src_pieces: l
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = special["unk"], special["bos"], special["eos"]
     spec.config.decoder_start_token = special["bos"]
-    spec.config.add_source_eos = True  # sources end with EOS, as Translator.batches builds them
+    spec.config.add_source_eos = True  # sources end with EOS, as CheckpointTranslator.batches builds them
     spec.register_source_vocabulary(src_pieces)
     spec.register_target_vocabulary(tgt_pieces)
     return spec

@@ -1,15 +1,13 @@
 """An exported folder as a translator: CTranslate2 decodes, with the folder's own sentencepiece models and the
-checkpoint's search settings and max-length rule. It answers what Translator answers for translate and evaluate,
-and open_translator opens either kind."""
+checkpoint's search settings and max-length rule. It answers what CheckpointTranslator answers for translate and
+evaluate."""
 
 import json
 from itertools import groupby
 from pathlib import Path
 
 from ..data.tokenizer import SentencePiece
-from ..inference import Translator, check_nbest, decoded_nbest
-from ..model import RuntimeConfig
-from .spec import pieces
+from .interface import check_nbest, decoded_nbest
 
 
 def is_export(path: str | Path) -> bool:
@@ -62,8 +60,8 @@ def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sour
     return found
 
 
-class ExportedTranslator:
-    """The parts of Translator that translate and evaluate use, over a CTranslate2 folder."""
+class CTranslate2Translator:
+    """A Translator over a CTranslate2 folder: what translate and evaluate use."""
 
     def __init__(self, folder: str | Path, device: str = "cpu", threads: int = 0):
         import ctranslate2
@@ -73,10 +71,11 @@ class ExportedTranslator:
         self.engine = ctranslate2.Translator(str(folder), device=device, intra_threads=threads)
         self.src_tokenizer = SentencePiece(folder / "source.spm.model")
         self.tgt_tokenizer = SentencePiece(folder / "target.spm.model")
-        self.pieces = pieces(self.src_tokenizer), pieces(self.tgt_tokenizer)
+        self.pieces = self.src_tokenizer.pieces(), self.tgt_tokenizer.pieces()
         self.eos_piece = self.pieces[1][self.tgt_tokenizer.eos_id]
         self.data, self.quantization = card["data"], card["quantization"]
         self.trained_precision = "32"  # the folder's own compute type decides; precision= does not apply
+        self.max_source_tokens = card["model"]["max_positions"] - 1  # one position for EOS
 
     def translate(self, texts: list[str], search, precision: str = "32", target_lengths=None,
                   tag: str | None = None) -> list[str]:  # fmt: skip
@@ -90,14 +89,3 @@ class ExportedTranslator:
         ids = self.src_tokenizer.encode(texts, tag)
         found = ctranslate2_nbest(self.engine, *self.pieces, ids, search, self.eos_piece, nbest)
         return decoded_nbest(self.tgt_tokenizer, texts, found)
-
-
-def open_translator(path: str, device: str = "cpu", runtime: RuntimeConfig | None = None, ema: bool = False):
-    """A training checkpoint as a Translator (`ema`: with its weights' moving average), or a folder
-    `python -m transformer.export` wrote as its CTranslate2 counterpart (the same translate() and tokenizers;
-    `runtime` does not apply to it)."""
-    if not is_export(path):
-        return Translator.from_path(path, device, runtime, ema)
-    if ema:
-        raise ValueError(f"ema=true reads a training checkpoint's weight average; {path} is an exported folder")
-    return ExportedTranslator(path, device)

@@ -2,57 +2,20 @@
 
 import contextlib
 import warnings
-from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
-from .data.batching import TokenBatchSampler
-from .data.tokenizer import SentencePiece
-from .decoding import MAX_LEN_A, MAX_LEN_B, Hypothesis, beam_search, greedy_search
-from .model import ModelConfig, RuntimeConfig, build_model, use_deterministic_algorithms
-from .model.kernels import check_backend
-from .training.resume import load_checkpoint
-
-PRECISIONS = ("32", "bf16")
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    beam_size: int = 5  # hypotheses kept per sentence; 1 is greedy search
-    length_penalty: float = 1.0  # scores are log-probabilities / length**length_penalty
-    max_len_a: float = MAX_LEN_A  # hypotheses stop at a * source length + b tokens
-    max_len_b: int = MAX_LEN_B  # b of that limit
-    early_stopping: bool = False  # True: a sentence is done at beam_size finished hypotheses (as CTranslate2)
-    max_tokens: int = 8192  # tokens per batch the decoder holds: source tokens x beam_size (its rows per sentence)
-    use_cache: bool = True  # False: each step re-reads the whole prefix (for checks and benchmarks)
-
-    def __post_init__(self):
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size={self.beam_size} must be at least 1 (1 is greedy search)")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens} must be positive")
-
-    @classmethod
-    def pick(cls, values: dict, **changes) -> "SearchConfig":
-        """The search settings among a command's config values (evaluate's, translate's), by keyword."""
-        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values} | changes)
+from ..data.batching import TokenBatchSampler
+from ..data.tokenizer import SentencePiece
+from ..decoding import Hypothesis, beam_search, greedy_search
+from ..model import ModelConfig, RuntimeConfig, build_model, use_deterministic_algorithms
+from ..model.kernels import check_backend
+from ..training.resume import load_checkpoint
+from .interface import PRECISIONS, SearchConfig, check_nbest, decoded_nbest
 
 
-def check_nbest(nbest: int, search: SearchConfig) -> None:
-    if not 1 <= nbest <= search.beam_size:
-        raise ValueError(f"nbest={nbest} must be between 1 and beam_size={search.beam_size}; raise beam_size")
-
-
-def decoded_nbest(tokenizer: SentencePiece, texts: list[str], found: list[list[tuple[float, list[int]]]]):
-    """Each text's (score, token ids) hypotheses as (score, translation), best first; an empty text gives
-    [(0.0, "")] whatever was found for it (none: non-finite scores)."""
-    decoded = iter(tokenizer.decode([ids for hyps in found for _, ids in hyps]))
-    translated = [[(score, next(decoded)) for score, _ in hyps] for hyps in found]
-    return [[(0.0, "")] if not text.strip() else hyps for text, hyps in zip(texts, translated)]
-
-
-class Translator:
+class CheckpointTranslator:
     """Everything comes from the checkpoint: model config and weights, tokenizers, and the data config
     (corpus and languages) it was trained with."""
 
@@ -86,7 +49,7 @@ class Translator:
 
     @classmethod
     def from_path(cls, path: str, device: str = "cpu", runtime: RuntimeConfig | None = None,
-                  ema: bool = False) -> "Translator":  # fmt: skip
+                  ema: bool = False) -> "CheckpointTranslator":  # fmt: skip
         checkpoint = load_checkpoint(path)
         try:
             return cls(checkpoint, path, device, runtime, ema)

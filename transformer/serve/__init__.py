@@ -1,0 +1,1 @@
+"""python -m transformer.serve: exported models (or checkpoints) behind HTTP, batched across requests."""

@@ -1,0 +1,105 @@
+"""One model's queue: sentences from every waiting request go to the engine together, one call per batch."""
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..translators import SearchConfig
+
+
+class QueueFull(Exception):
+    """The model's queue holds max_queue_sentences: the request is refused (503), not queued."""
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How a request's sentences are searched: requests batch together only when these are equal."""
+
+    search: SearchConfig
+    nbest: int = 1
+    tag: str | None = None
+
+
+@dataclass
+class Job:
+    sentences: list[str]
+    tokens: int
+    decoding: Decoding
+    future: asyncio.Future
+    queued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """Requests wait in one queue. The batcher takes the first, then whatever else arrives within max_delay_ms, up
+    to max_batch_tokens source tokens, and makes one engine call per kind of decoding among them (in a thread: the
+    event loop keeps answering). Each request gets its own results, in order; a call that fails is retried request
+    by request, so one request's bad sentence fails only that request."""
+
+    def __init__(self, translate: Callable, count_tokens: Callable[[list[str]], list[int]], max_batch_tokens: int,
+                 max_delay_ms: float, max_queue_sentences: int, on_batch: Callable[[int, float], None]):  # fmt: skip
+        """translate(sentences, decoding) -> each sentence's [(score, text), ...]; on_batch(sentences, seconds)
+        after each engine call (metrics)."""
+        self.translate, self.count_tokens = translate, count_tokens
+        self.max_batch_tokens, self.max_delay = max_batch_tokens, max_delay_ms / 1000
+        self.max_queue_sentences, self.on_batch = max_queue_sentences, on_batch
+        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        self.waiting = 0  # sentences queued or being translated
+        self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.engine.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, sentences: list[str], decoding: Decoding) -> tuple[list[list[tuple[float, str]]], float]:
+        """Each sentence's hypotheses, and the seconds from queueing to results."""
+        if self.waiting + len(sentences) > self.max_queue_sentences:
+            raise QueueFull(f"{self.waiting} sentences are waiting (max_queue_sentences={self.max_queue_sentences})")
+        job = Job(sentences, sum(self.count_tokens(sentences)), decoding, asyncio.get_running_loop().create_future())
+        self.waiting += len(sentences)
+        try:
+            await self.queue.put(job)
+            return await job.future, time.perf_counter() - job.queued
+        finally:
+            self.waiting -= len(sentences)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self.queue.get()]
+            tokens, deadline = batch[0].tokens, loop.time() + self.max_delay
+            while tokens < self.max_batch_tokens and (left := deadline - loop.time()) > 0:
+                try:
+                    job = await asyncio.wait_for(self.queue.get(), left)
+                except TimeoutError:
+                    break
+                batch.append(job)
+                tokens += job.tokens
+            for decoding in dict.fromkeys(job.decoding for job in batch):
+                await self.call([job for job in batch if job.decoding == decoding], decoding, loop)
+
+    async def call(self, jobs: list[Job], decoding: Decoding, loop) -> None:
+        jobs = [job for job in jobs if not job.future.done()]  # a client that went away cancelled its future
+        sentences = [s for job in jobs for s in job.sentences]
+        start = time.perf_counter()
+        try:
+            found = await loop.run_in_executor(self.engine, self.translate, sentences, decoding)
+        except Exception as error:
+            if len(jobs) == 1:
+                jobs[0].future.set_exception(error)
+                return
+            for job in jobs:  # one at a time: only the request that fails gets the error
+                await self.call([job], decoding, loop)
+            return
+        self.on_batch(len(sentences), time.perf_counter() - start)
+        done = 0
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_result(found[done : done + len(job.sentences)])
+            done += len(job.sentences)

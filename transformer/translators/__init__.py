@@ -1,0 +1,30 @@
+"""Translators: a trained model with its tokenizers behind one interface (interface.py), run by PyTorch from a
+training checkpoint (checkpoint.py) or by CTranslate2 from an exported folder (ctranslate2.py)."""
+
+from ..model import RuntimeConfig
+from .checkpoint import CheckpointTranslator
+from .ctranslate2 import CTranslate2Translator, is_export
+from .interface import PRECISIONS, SearchConfig, Translator, check_nbest
+
+__all__ = [
+    "PRECISIONS",
+    "CTranslate2Translator",
+    "CheckpointTranslator",
+    "SearchConfig",
+    "Translator",
+    "check_nbest",
+    "is_export",
+    "open_translator",
+]
+
+
+def open_translator(path: str, device: str = "cpu", runtime: RuntimeConfig | None = None,
+                    ema: bool = False) -> Translator:  # fmt: skip
+    """A training checkpoint as a CheckpointTranslator (`ema`: with its weights' moving average), or a folder
+    `python -m transformer.export` wrote as a CTranslate2Translator (the same translate() and tokenizers;
+    `runtime` does not apply to it)."""
+    if not is_export(path):
+        return CheckpointTranslator.from_path(path, device, runtime, ema)
+    if ema:
+        raise ValueError(f"ema=true reads a training checkpoint's weight average; {path} is an exported folder")
+    return CTranslate2Translator(path, device)
