@@ -102,6 +102,10 @@ def test_v1_gives_nbest_with_scores_and_timing(served):
     assert [h["text"] for h in got["nbest"]] == [text for _, text in want] and got["seconds"] >= 0
     assert [h["score"] for h in got["nbest"]] == pytest.approx([score for score, _ in want])
     assert got["text"] == want[0][1] and body["source"] == "de" and body["target"] == "en"
+    with client(served) as api:  # greedy search scores nothing: null, not NaN (which is not JSON)
+        greedy = api.post("/v1/translate", json={"q": source, "source": "de", "target": "en", "beam_size": 1}).json()
+    assert greedy["translations"][0]["nbest"] == [{"text": translator.translate([source], SearchConfig(beam_size=1))[0],
+                                                   "score": None}]  # fmt: skip
 
 
 @pytest.mark.parametrize(

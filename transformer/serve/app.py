@@ -1,6 +1,7 @@
 """The HTTP API: LibreTranslate's /translate and /languages, our /v1/translate, /health, /metrics and the page."""
 
 import json
+import math
 import re
 import time
 from collections import defaultdict, deque
@@ -143,6 +144,8 @@ def create_app(models: list[ServedModel], cfg: ServeConfig) -> FastAPI:
             found, seconds = await model.batcher.submit(units, decoding) if units else ([], 0.0)
         except QueueFull as full:
             raise Refused(503, f"Server busy: {full}; retry shortly", retry_after=1) from None
+        finally:
+            metrics.queue.labels(model.name).set(model.batcher.waiting)
         metrics.latency.labels(model.name).observe(seconds)
         metrics.sentences.labels(model.name).inc(len(units))
         results = []
@@ -201,7 +204,8 @@ def create_app(models: list[ServedModel], cfg: ServeConfig) -> FastAPI:
         results = await translate_texts(model, texts, fields.get("format") == "html", Decoding(search, nbest, tag))
         metrics.requests.labels("/v1/translate", "200").inc()
         return {"model": model.name, "source": model.source, "target": model.target, "translations": [
-            {"text": hyps[0][1], "nbest": [{"text": t, "score": s} for s, t in hyps], "seconds": round(sec, 6)}
+            {"text": hyps[0][1], "nbest": [{"text": t, "score": s if math.isfinite(s) else None} for s, t in hyps],
+             "seconds": round(sec, 6)}
             for hyps, sec in results]}  # fmt: skip
 
     @app.get("/languages")
