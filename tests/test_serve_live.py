@@ -1,0 +1,119 @@
+"""The real server: `python -m transformer.serve` in its own process, called over HTTP and driven in a headless
+Chromium (Debian's chromium and chromium-driver, through Selenium; nothing downloaded)."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from .helpers import ROOT
+from .helpers.prerequisites import require
+from .helpers.ranks import free_port
+
+
+def start(ckpt) -> tuple[subprocess.Popen, str]:
+    """The command on a free port, once /health answers 200."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "transformer.serve", f"models=[{ckpt}]", f"port={port}"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return process, url
+        except OSError:
+            assert process.poll() is None, process.communicate()[1][-2000:]
+            time.sleep(0.5)
+    raise TimeoutError(f"{url}/health did not answer in 120 s")
+
+
+@pytest.fixture(scope="module")
+def server(trained):
+    tmp, _, ckpt = trained
+    process, url = start(ckpt)
+    yield url, (tmp / "c" / "test.de").read_text().splitlines()
+    process.terminate()
+    process.wait(timeout=60)
+
+
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.slow  # a server process and a browser
+def test_the_page_translates_in_a_real_browser(server, tmp_path):
+    require(bool(shutil.which("chromium") and shutil.which("chromedriver")), "chromium and chromedriver",
+            "apt-get install chromium chromium-driver")  # fmt: skip
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, sources = server
+    expected = post(f"{url}/translate", {"q": sources[0], "source": "de", "target": "en"})["translatedText"]
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    try:
+        browser.get(url)
+        WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#pair option"))
+        browser.find_element(By.ID, "input").send_keys(sources[0])
+        browser.find_element(By.ID, "translate").click()
+        WebDriverWait(browser, 60).until(lambda b: b.find_element(By.ID, "output").text)
+        assert browser.find_element(By.ID, "output").text == expected
+        assert browser.find_element(By.ID, "time").text.endswith(" ms")
+        browser.save_screenshot(str(tmp_path / "page.png"))
+    finally:
+        browser.quit()
+    assert (tmp_path / "page.png").stat().st_size > 1000
+
+
+@pytest.mark.slow  # a server process under load
+def test_sigterm_under_load_answers_every_accepted_request(trained):
+    """16 clients send one sentence after another; SIGTERM comes while they do. Every request the server accepted
+    is answered (200), the rest refused at connect; none is cut off mid-answer."""
+    tmp, _, ckpt = trained
+    sources = (tmp / "c" / "test.de").read_text().splitlines()
+    process, url = start(ckpt)
+    outcomes, stop = [], threading.Event()
+
+    def client(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                post(f"{url}/translate", {"q": sources[(i + n) % len(sources)], "source": "de", "target": "en"})
+                outcomes.append("answered")
+            except urllib.error.URLError as e:
+                refused = isinstance(e.reason, ConnectionRefusedError)
+                outcomes.append("refused" if refused else f"lost: {e!r}")
+                if refused:
+                    return
+            except Exception as e:  # a connection closed mid-answer
+                outcomes.append(f"lost: {e!r}")
+            n += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    time.sleep(5)
+    process.send_signal(signal.SIGTERM)
+    # uvicorn finishes the accepted requests, then raises the signal again: the exit status says SIGTERM ended it
+    assert process.wait(timeout=90) == -signal.SIGTERM, process.communicate()[1][-2000:]
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    lost = [o for o in outcomes if o.startswith("lost")]
+    assert outcomes.count("answered") > 16 and not lost, lost[:3]
