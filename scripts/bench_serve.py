@@ -1,0 +1,134 @@
+"""The server against the same model's offline throughput, in one run: 1, 8 and 64 clients each sending one sentence
+at a time for a fixed time; sentences/s, p50/p95/p99 latency, errors; and the server's resident memory after
+2,000 and after 20,000 requests.
+
+    python scripts/bench_serve.py --model deploy/de-en-int8 --sentences data/multi30k/test_2016_flickr.de.gz
+"""
+
+import argparse
+import gzip
+import http.client
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.ranks import free_port  # noqa: E402
+from transformer.translators import SearchConfig, open_translator  # noqa: E402
+
+
+def read_lines(path: str) -> list[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def start(model: str, port: int) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-m", "transformer.serve", f"models=[{model}]", f"port={port}",
+                                "max_queue_sentences=100000"], cwd=ROOT)  # fmt: skip
+    for _ in range(240):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return process
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError("the server did not start")
+
+
+def load(port: int, sentences: list[str], pair: tuple[str, str], clients: int, seconds: float | None,
+         requests: int | None = None) -> tuple[list[float], int]:  # fmt: skip
+    """Latencies of the requests answered, and the errors, with `clients` keep-alive clients sending one sentence
+    each, for `seconds` or until `requests` have been sent."""
+    latencies, errors, lock = [], [0], threading.Lock()
+    end = time.perf_counter() + (seconds or 1e9)
+    sent = iter(range(requests or 10**12))
+
+    def client(i: int) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        n = i
+        while time.perf_counter() < end:
+            with lock:
+                if next(sent, None) is None:
+                    return
+            body = json.dumps({"q": sentences[n % len(sentences)], "source": pair[0], "target": pair[1]})
+            start = time.perf_counter()
+            try:
+                connection.request("POST", "/translate", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                ok = response.status == 200
+            except OSError:
+                ok = False
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            with lock:
+                latencies.append(time.perf_counter() - start) if ok else errors.__setitem__(0, errors[0] + 1)
+            n += clients
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies, errors[0]
+
+
+def resident_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))) / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--sentences", required=True)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--clients", default="1,8,64")
+    parser.add_argument("--beam-size", type=int, default=4)  # the server's default
+    args = parser.parse_args()
+    sentences = read_lines(args.sentences)
+    translator = open_translator(args.model)
+    pair = translator.data["src"], translator.data["tgt"]
+    search = SearchConfig(beam_size=args.beam_size)
+    start_time = time.perf_counter()
+    translator.translate(sentences, search)
+    offline = len(sentences) / (time.perf_counter() - start_time)
+    single = []
+    for sentence in sentences[:200]:
+        t = time.perf_counter()
+        translator.translate([sentence], search)
+        single.append(time.perf_counter() - t)
+    del translator
+    port = free_port()
+    server = start(args.model, port)
+    try:
+        print(
+            f"offline: {offline:.1f} sentences/s in one call; one sentence a call: median {1000 * statistics.median(single):.1f} ms"
+        )
+        print("| clients | sentences/s | x offline | p50 ms | p95 ms | p99 ms | errors |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for clients in map(int, args.clients.split(",")):
+            latencies, errors = load(port, sentences, pair, clients, args.seconds)
+            q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [latencies[0]] * 99
+            rate = len(latencies) / args.seconds
+            print(f"| {clients} | {rate:.1f} | {rate / offline:.2f} | {1000 * q[49]:.1f} | {1000 * q[94]:.1f} | "
+                  f"{1000 * q[98]:.1f} | {errors} |")  # fmt: skip
+        load(port, sentences, pair, 64, None, 2000)
+        after_2k = resident_mib(server.pid)
+        load(port, sentences, pair, 64, None, 18000)
+        after_20k = resident_mib(server.pid)
+        print(f"resident memory: {after_2k:.0f} MiB after 2,000 requests, {after_20k:.0f} MiB after 20,000 "
+              f"({100 * (after_20k / after_2k - 1):+.1f}%)")  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
