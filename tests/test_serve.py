@@ -197,13 +197,13 @@ def test_the_batcher_makes_one_engine_call_for_requests_waiting_together():
         return [[(0.0, s.upper())] for s in sentences]
 
     async def scenario():
-        batcher = Batcher(translate, lambda s: [len(x) for x in s], 10_000, 50.0, 100, lambda n, t: None)
+        batcher = Batcher(translate, 10_000, 50.0, 100, lambda n, t: None)
         batcher.start()
         greedy = Decoding(SearchConfig(beam_size=1))
         requests = [["a", "b"], ["c"], ["BAD"], ["d", "e", "f"]]
-        results = await asyncio.gather(*(batcher.submit(r, greedy) for r in requests), return_exceptions=True)
+        results = await asyncio.gather(*(batcher.submit(r, greedy, len(r)) for r in requests), return_exceptions=True)
         with pytest.raises(QueueFull, match="max_queue_sentences=100"):
-            await batcher.submit(["x"] * 101, greedy)
+            await batcher.submit(["x"] * 101, greedy, 101)
         await batcher.stop()
         return results
 

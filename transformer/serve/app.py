@@ -121,27 +121,33 @@ def create_app(models: list[ServedModel], cfg: ServeConfig) -> FastAPI:
         its hypotheses, best first, as (score, text), and the seconds it took."""
         if sum(len(text) for text in texts) > cfg.max_chars:
             raise Refused(413, f"Request too large: more than max_chars={cfg.max_chars} characters")
-        plans = []  # per text: its sentence pieces (indices into `units`) and how to put them back
-        units: list[str] = []
+        plans, sentences = [], []  # per text: per node, its sentences' indices and separators; and how to rebuild
         for text in texts:
             nodes, rebuild = html_text_nodes(text) if html else ([text], None)
             layout = []
             for node in nodes:
-                sentences, separators = split_sentences(node)
-                spans = []
-                for sentence in sentences:
-                    pieces = word_pieces(sentence, model_tokens(model), model.translator.max_source_tokens)
-                    spans.append((len(units), len(pieces)))
-                    units.extend(pieces)
-                layout.append((spans, separators))
+                node_sentences, separators = split_sentences(node)
+                layout.append((range(len(sentences), len(sentences) + len(node_sentences)), separators))
+                sentences += node_sentences
             plans.append((layout, rebuild))
+        tokenizer, longest = model.translator.src_tokenizer, model.translator.max_source_tokens
+        counts = [len(ids) for ids in tokenizer.encode(sentences, decoding.tag)] if sentences else []  # once, here
+
+        def count_tokens(text: str) -> int:
+            return len(tokenizer.encode([text], decoding.tag)[0])
+
+        units, spans = [], []  # the engine's sentences; per sentence, (its first unit, its number of units)
+        for sentence, count in zip(sentences, counts):
+            pieces = [sentence] if count <= longest else word_pieces(sentence, count_tokens, longest)
+            spans.append((len(units), len(pieces)))
+            units += pieces
         if len(units) > cfg.max_sentences:
             raise Refused(
                 413, f"Request too large: {len(units)} sentences, more than max_sentences={cfg.max_sentences}"
             )
         metrics.queue.labels(model.name).set(model.batcher.waiting + len(units))
         try:
-            found, seconds = await model.batcher.submit(units, decoding) if units else ([], 0.0)
+            found, seconds = await model.batcher.submit(units, decoding, sum(counts)) if units else ([], 0.0)
         except QueueFull as full:
             raise Refused(503, f"Server busy: {full}; retry shortly", retry_after=1) from None
         finally:
@@ -153,9 +159,9 @@ def create_app(models: list[ServedModel], cfg: ServeConfig) -> FastAPI:
             hypotheses = []
             for rank in range(decoding.nbest):  # the rank-th hypothesis of every sentence (or its last)
                 nodes, score = [], 0.0
-                for spans, separators in layout:
+                for indices, separators in layout:
                     picked = []
-                    for start, n in spans:
+                    for start, n in (spans[i] for i in indices):
                         chosen = [h[min(rank, len(h) - 1)] for h in found[start : start + n]]
                         score += sum(s for s, _ in chosen)
                         picked.append(" ".join(t for _, t in chosen))
@@ -231,10 +237,6 @@ def create_app(models: list[ServedModel], cfg: ServeConfig) -> FastAPI:
     return app
 
 
-def model_tokens(model: ServedModel):
-    return lambda text: len(model.translator.src_tokenizer.encode([text], model.tag)[0])
-
-
 def batcher_for(model: ServedModel, cfg: ServeConfig, metrics: Metrics) -> Batcher:
     translator = model.translator
 
@@ -242,13 +244,10 @@ def batcher_for(model: ServedModel, cfg: ServeConfig, metrics: Metrics) -> Batch
         return translator.translate_nbest(sentences, decoding.search, decoding.nbest, translator.trained_precision,
                                           tag=decoding.tag)  # fmt: skip
 
-    def count(sentences: list[str]) -> list[int]:
-        return [len(ids) for ids in translator.src_tokenizer.encode(sentences, model.tag)]
-
     def on_batch(sentences: int, seconds: float) -> None:
         metrics.batch_sentences.labels(model.name).observe(sentences)
 
-    return Batcher(translate, count, cfg.max_batch_tokens, cfg.max_delay_ms, cfg.max_queue_sentences, on_batch)
+    return Batcher(translate, cfg.max_batch_tokens, cfg.max_delay_ms, cfg.max_queue_sentences, on_batch)
 
 
 def texts_of(fields: dict) -> list[str]:
@@ -287,8 +286,10 @@ async def request_fields(request: Request) -> dict:
         raise Refused(400, f"Invalid request: the body is not JSON ({e.msg} at character {e.pos})") from None
     if not isinstance(fields, dict):
         raise Refused(400, "Invalid request: the body must be a JSON object")
-    q = fields.get("q")  # JSON's \ud800 escapes can make halves of a character, which no tokenizer takes: U+FFFD
-    if isinstance(q, str | list):
-        fields["q"] = [_LONE_SURROGATE.sub("\ufffd", t) if isinstance(t, str) else t for t in q] if isinstance(
-            q, list) else _LONE_SURROGATE.sub("\ufffd", q)  # fmt: skip
+    # JSON's \ud800 escapes can make halves of a character, which no tokenizer takes: U+FFFD instead
+    q = fields.get("q")
+    if isinstance(q, str):
+        fields["q"] = _LONE_SURROGATE.sub("\ufffd", q)
+    elif isinstance(q, list):
+        fields["q"] = [_LONE_SURROGATE.sub("\ufffd", t) if isinstance(t, str) else t for t in q]
     return fields

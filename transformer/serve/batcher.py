@@ -37,11 +37,11 @@ class Batcher:
     event loop keeps answering). Each request gets its own results, in order; a call that fails is retried request
     by request, so one request's bad sentence fails only that request."""
 
-    def __init__(self, translate: Callable, count_tokens: Callable[[list[str]], list[int]], max_batch_tokens: int,
-                 max_delay_ms: float, max_queue_sentences: int, on_batch: Callable[[int, float], None]):  # fmt: skip
+    def __init__(self, translate: Callable, max_batch_tokens: int, max_delay_ms: float, max_queue_sentences: int,
+                 on_batch: Callable[[int, float], None]):  # fmt: skip
         """translate(sentences, decoding) -> each sentence's [(score, text), ...]; on_batch(sentences, seconds)
         after each engine call (metrics)."""
-        self.translate, self.count_tokens = translate, count_tokens
+        self.translate = translate
         self.max_batch_tokens, self.max_delay = max_batch_tokens, max_delay_ms / 1000
         self.max_queue_sentences, self.on_batch = max_queue_sentences, on_batch
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
@@ -57,11 +57,13 @@ class Batcher:
             self.task.cancel()
         self.engine.shutdown(wait=False, cancel_futures=True)
 
-    async def submit(self, sentences: list[str], decoding: Decoding) -> tuple[list[list[tuple[float, str]]], float]:
-        """Each sentence's hypotheses, and the seconds from queueing to results."""
+    async def submit(self, sentences: list[str], decoding: Decoding,
+                     tokens: int) -> tuple[list[list[tuple[float, str]]], float]:  # fmt: skip
+        """Each sentence's hypotheses, and the seconds from queueing to results. `tokens`: the sentences' source
+        tokens, as the caller counted them."""
         if self.waiting + len(sentences) > self.max_queue_sentences:
             raise QueueFull(f"{self.waiting} sentences are waiting (max_queue_sentences={self.max_queue_sentences})")
-        job = Job(sentences, sum(self.count_tokens(sentences)), decoding, asyncio.get_running_loop().create_future())
+        job = Job(sentences, tokens, decoding, asyncio.get_running_loop().create_future())
         self.waiting += len(sentences)
         try:
             await self.queue.put(job)

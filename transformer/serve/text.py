@@ -14,10 +14,8 @@ _BOUNDARY = re.compile(r"(?<=[.!?…])[\"'”’»)\]]*\s+|\s*\n\s*")
 def split_sentences(text: str) -> tuple[list[str], list[str]]:
     """(sentences, separators): text == separators[0] + sentences[0] + separators[1] + ... + separators[-1], every
     sentence non-empty without outer whitespace, and len(separators) == len(sentences) + 1."""
-    sentences, separators, start = [], [], 0
-    leading = len(text) - len(text.lstrip())
-    separators.append(text[:leading])
-    start = leading
+    start = len(text) - len(text.lstrip())  # the first sentence's
+    sentences, separators = [], [text[:start]]
     body_end = len(text.rstrip())
     for match in _BOUNDARY.finditer(text, start, body_end):
         end = match.start() + len(match.group(0)) - len(match.group(0).lstrip("\"'”’»)]"))
