@@ -10,17 +10,15 @@ import gzip
 import http.client
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers.ranks import free_port  # noqa: E402
+from tests.helpers.serving import start_server  # noqa: E402
 from transformer.translators import SearchConfig, open_translator  # noqa: E402
 
 
@@ -28,18 +26,6 @@ def read_lines(path: str) -> list[str]:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [line.strip() for line in f if line.strip()]
-
-
-def start(model: str, port: int) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "transformer.serve", f"models=[{model}]", f"port={port}",
-                                "max_queue_sentences=100000"], cwd=ROOT)  # fmt: skip
-    for _ in range(240):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                return process
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError("the server did not start")
 
 
 def load(port: int, sentences: list[str], pair: tuple[str, str], clients: int, seconds: float | None,
@@ -105,8 +91,7 @@ def main() -> None:
         translator.translate([sentence], search)
         single.append(time.perf_counter() - t)
     del translator
-    port = free_port()
-    server = start(args.model, port)
+    server, port = start_server(args.model, "max_queue_sentences=100000", quiet=False)
     try:
         print(
             f"offline: {offline:.1f} sentences/s in one call; one sentence a call: median {1000 * statistics.median(single):.1f} ms"

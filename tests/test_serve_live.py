@@ -5,7 +5,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -13,27 +12,13 @@ import urllib.request
 
 import pytest
 
-from .helpers import ROOT
 from .helpers.prerequisites import require
-from .helpers.ranks import free_port
+from .helpers.serving import start_server
 
 
 def start(ckpt) -> tuple[subprocess.Popen, str]:
-    """The command on a free port, once /health answers 200."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "transformer.serve", f"models=[{ckpt}]", f"port={port}"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-                if response.status == 200:
-                    return process, url
-        except OSError:
-            assert process.poll() is None, process.communicate()[1][-2000:]
-            time.sleep(0.5)
-    raise TimeoutError(f"{url}/health did not answer in 120 s")
+    process, port = start_server(ckpt)
+    return process, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
