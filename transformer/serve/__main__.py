@@ -22,7 +22,7 @@ def load_models(cfg: ServeConfig) -> list[ServedModel]:
     for path in cfg.models:
         if not Path(path).exists():
             raise FileNotFoundError(f"models: {path} does not exist; give an exported folder or a checkpoint")
-        translator = open_translator(path, cfg.device)
+        translator = open_translator(path, cfg.device, threads=cfg.threads)
         source, target = translator.data.get("src"), translator.data.get("tgt")
         if (source, target) in pairs:
             raise ValueError(f"models: {pairs[(source, target)]} and {path} both translate {source}->{target}")
