@@ -1,6 +1,7 @@
 """The server against the same model's offline throughput, in one run: 1, 8 and 64 clients each sending one sentence
 at a time for a fixed time; sentences/s, p50/p95/p99 latency, errors; and the server's resident memory after
-2,000 and after 20,000 requests.
+2,000 and after 20,000 requests. The server and the offline peer run on the same cores (--server-cpus), the
+clients on the others, so that the load generator does not take the server's CPU.
 
     python scripts/bench_serve.py --model deploy/de-en-int8 --sentences data/multi30k/test_2016_flickr.de.gz
 """
@@ -9,17 +10,14 @@ import argparse
 import gzip
 import http.client
 import json
+import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.helpers.serving import start_server  # noqa: E402
-from transformer.translators import SearchConfig, open_translator  # noqa: E402
+from transformer.serve.process import start_server
+from transformer.translators import SearchConfig, open_translator
 
 
 def read_lines(path: str) -> list[str]:
@@ -65,6 +63,15 @@ def load(port: int, sentences: list[str], pair: tuple[str, str], clients: int, s
     return latencies, errors[0]
 
 
+def cpu_list(text: str) -> list[int]:
+    """0,2-3 as [0, 2, 3]."""
+    cpus = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus += range(int(low), int(high or low) + 1)
+    return cpus
+
+
 def resident_mib(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))) / 1024
@@ -77,9 +84,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--clients", default="1,8,64")
     parser.add_argument("--beam-size", type=int, default=4)  # the server's default
+    parser.add_argument("--server-cpus", default=None, help="e.g. 0 or 0-3: the server's and the peer's cores "
+                        "(default: the first half); the clients take the rest")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=1, help="the server's workers= (engine calls at once)")
     args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpus = set(cpu_list(args.server_cpus)) if args.server_cpus else set(cpus[: max(1, len(cpus) // 2)])
+    client_cpus = set(cpus) - server_cpus or server_cpus
     sentences = read_lines(args.sentences)
-    translator = open_translator(args.model)
+    os.sched_setaffinity(0, server_cpus)  # the peer on the server's cores, with as many threads
+    translator = open_translator(args.model, threads=len(server_cpus))
     pair = translator.data["src"], translator.data["tgt"]
     search = SearchConfig(beam_size=args.beam_size)
     start_time = time.perf_counter()
@@ -91,11 +105,13 @@ def main() -> None:
         translator.translate([sentence], search)
         single.append(time.perf_counter() - t)
     del translator
-    server, port = start_server(args.model, "max_queue_sentences=100000", quiet=False)
+    server, port = start_server([args.model], "max_queue_sentences=100000", f"threads={len(server_cpus)}",
+                                f"workers={args.workers}", quiet=False, cpus=server_cpus)  # fmt: skip
+    os.sched_setaffinity(0, client_cpus)
     try:
-        print(
-            f"offline: {offline:.1f} sentences/s in one call; one sentence a call: median {1000 * statistics.median(single):.1f} ms"
-        )
+        print(f"server and peer on cores {sorted(server_cpus)}, clients on {sorted(client_cpus)}")
+        print(f"offline: {offline:.1f} sentences/s in one call; one sentence a call: median "
+              f"{1000 * statistics.median(single):.1f} ms")  # fmt: skip
         print("| clients | sentences/s | x offline | p50 ms | p95 ms | p99 ms | errors |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for clients in map(int, args.clients.split(",")):

@@ -2,17 +2,20 @@
 a request's text becomes, batching across requests, and every bad input answered in one line."""
 
 import asyncio
-import json
-import random
+import threading
 
 import pytest
 from fastapi.testclient import TestClient
 
+from transformer.data.sources import DataError
 from transformer.serve.__main__ import load_models
 from transformer.serve.app import create_app
 from transformer.serve.batcher import Batcher, Decoding, QueueFull
 from transformer.serve.config import ServeConfig
+from transformer.serve.text import join_sentences, split_sentences
 from transformer.translators import SearchConfig
+
+from .helpers.junk_requests import junk_requests
 
 BEAM = SearchConfig(beam_size=4)
 
@@ -164,25 +167,10 @@ def test_health_metrics_and_the_page(served):
 
 
 def test_random_and_malformed_requests_never_take_the_server_down(served):
-    rng = random.Random(0)
-    junk = [b"", b"null", b"[]", b'{"q": null}', b'{"q": {}}', b'{"q": "a", "alternatives": "x"}', b"\x00" * 50,
-            json.dumps({"q": "\ud800", "source": "de", "target": "en"}).encode()]  # fmt: skip
     with client(served, max_chars=300) as api:
-        for i in range(400):
-            if i % 3 == 0:
-                body = rng.choice(junk)
-            elif i % 3 == 1:
-                body = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
-            else:
-                fields = {"q": "".join(chr(rng.randrange(1, 0x2FFF)) for _ in range(rng.randrange(0, 400))),
-                          "source": rng.choice(["de", "en", "auto", "", None, 1]), "target": rng.choice(["en", "de"]),
-                          "format": rng.choice(["text", "html", "x"]), "alternatives": rng.choice([0, 1, -1, 4, "2"])}  # fmt: skip
-                body = json.dumps(fields).encode()
-            kind = rng.choice(["application/json", "application/x-www-form-urlencoded", "text/plain"])
-            response = api.post(
-                rng.choice(["/translate", "/v1/translate"]), content=body, headers={"content-type": kind}
-            )
-            assert response.status_code < 500, (body, response.text)
+        for path, body, kind in junk_requests(0, 400, 300):
+            response = api.post(path, content=body, headers={"content-type": kind})
+            assert response.status_code < 500 and "error" in response.json() or response.status_code == 200, body
         good = api.post("/translate", json={"q": served[1][0], "source": "de", "target": "en"})
     assert good.json() == {"translatedText": reference(served, served[1][:1])[0]}
 
@@ -212,3 +200,61 @@ def test_the_batcher_makes_one_engine_call_for_requests_waiting_together():
     assert [r[0] for r in (results[0], results[1], results[3])] == [[[(0.0, "A")], [(0.0, "B")]], [[(0.0, "C")]],
                                                                     [[(0.0, "D")], [(0.0, "E")], [(0.0, "F")]]]  # fmt: skip
     assert isinstance(results[2], RuntimeError)  # only the request with the bad sentence failed
+
+
+def test_requests_arriving_while_the_engine_is_busy_share_its_next_call():
+    """No wait for company (max_delay_ms=0): a lone request goes to the engine at once, and requests that arrive
+    while every engine thread is busy make up the next call. With workers=2 that call starts beside the first."""
+    greedy = Decoding(SearchConfig(beam_size=1))
+
+    async def scenario(workers: int) -> tuple[list[list[str]], int]:
+        calls, started, release = [], threading.Event(), threading.Event()
+
+        def translate(sentences, decoding):
+            calls.append(list(sentences))
+            started.set()
+            release.wait(10)
+            return [[(0.0, s.upper())] for s in sentences]
+
+        batcher = Batcher(translate, 10_000, 0.0, 100, lambda n, t: None, workers)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(["a"], greedy, 1))
+        assert await asyncio.to_thread(started.wait, 10)  # the engine holds "a"
+        rest = [asyncio.ensure_future(batcher.submit([s], greedy, 1)) for s in "bc"]
+        await asyncio.sleep(0.2)
+        in_flight = len(calls)
+        release.set()
+        results = await asyncio.gather(first, *rest)
+        await batcher.stop()
+        assert [r[0] for r in results] == [[[(0.0, "A")]], [[(0.0, "B")]], [[(0.0, "C")]]]
+        return calls, in_flight
+
+    assert asyncio.run(scenario(1)) == ([["a"], ["b", "c"]], 1)
+    assert asyncio.run(scenario(2)) == ([["a"], ["b", "c"]], 2)
+
+
+@pytest.mark.parametrize(
+    "text, sentences",
+    [
+        ("Es gibt z. B. Hunde. Und Katzen!", ["Es gibt z. B. Hunde.", "Und Katzen!"]),
+        ("Dr. Müller kommt. Er geht.", ["Dr. Müller kommt.", "Er geht."]),
+        ("  Nr. 5 ist da.\n\nEr sagte: „Komm.“ Dann ging er.  ", ["Nr. 5 ist da.", "Er sagte: „Komm.“", "Dann ging er."]),
+        ("Ein Hund läuft. zwei Katzen... Drei? Ja", ["Ein Hund läuft. zwei Katzen...", "Drei?", "Ja"]),
+    ],
+)  # fmt: skip
+def test_sentences_split_at_ends_not_after_abbreviations_and_rejoin_exactly(text, sentences):
+    found, separators = split_sentences(text)
+    assert found == sentences and join_sentences(found, separators) == text
+
+
+def test_a_models_tag_comes_from_its_corpus_unless_tags_says_otherwise(served, monkeypatch):
+    translator = served[0][0].translator
+    path = served[0][0].name
+    monkeypatch.setattr("transformer.serve.__main__.open_translator", lambda *args, **kwargs: translator)
+    monkeypatch.setattr(translator, "data", {**translator.data, "tag": "__bt__"})
+    with pytest.raises(DataError, match=r"^tag='__bt__' is not a reserved piece of this tokenizer"):
+        load_models(ServeConfig(models=[path]))  # the corpus's tag, which this tokenizer lacks
+    (model,) = load_models(ServeConfig(models=[path], tags={path: None}))
+    assert model.tag is None
+    with pytest.raises(ValueError, match=r"^tags: other.ckpt is not in models"):
+        load_models(ServeConfig(models=[path], tags={"other.ckpt": "__bt__"}))

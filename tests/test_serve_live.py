@@ -1,6 +1,8 @@
 """The real server: `python -m transformer.serve` in its own process, called over HTTP and driven in a headless
 Chromium (Debian's chromium and chromium-driver, through Selenium; nothing downloaded)."""
 
+import collections
+import http.client
 import json
 import shutil
 import signal
@@ -12,12 +14,14 @@ import urllib.request
 
 import pytest
 
+from transformer.serve.process import start_server
+
+from .helpers.junk_requests import junk_requests
 from .helpers.prerequisites import require
-from .helpers.serving import start_server
 
 
 def start(ckpt) -> tuple[subprocess.Popen, str]:
-    process, port = start_server(ckpt)
+    process, port = start_server([ckpt])
     return process, f"http://127.0.0.1:{port}"
 
 
@@ -68,7 +72,7 @@ def test_the_page_translates_in_a_real_browser(server, tmp_path):
 
 @pytest.mark.slow  # a server process under load
 def test_sigterm_under_load_answers_every_accepted_request(trained):
-    """16 clients send one sentence after another; SIGTERM comes while they do. Every request the server accepted
+    """64 clients send one sentence after another; SIGTERM comes while they do. Every request the server accepted
     is answered (200), the rest refused at connect; none is cut off mid-answer."""
     tmp, _, ckpt = trained
     sources = (tmp / "c" / "test.de").read_text().splitlines()
@@ -90,7 +94,7 @@ def test_sigterm_under_load_answers_every_accepted_request(trained):
                 outcomes.append(f"lost: {e!r}")
             n += 1
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(64)]
     for thread in threads:
         thread.start()
     time.sleep(5)
@@ -101,4 +105,22 @@ def test_sigterm_under_load_answers_every_accepted_request(trained):
     for thread in threads:
         thread.join(timeout=60)
     lost = [o for o in outcomes if o.startswith("lost")]
-    assert outcomes.count("answered") > 16 and not lost, lost[:3]
+    assert outcomes.count("answered") > 64 and not lost, lost[:3]
+
+
+@pytest.mark.slow  # a server process and 3,000 requests
+def test_thousands_of_malformed_requests_leave_the_server_answering_correctly(server):
+    """Over keep-alive connections, as clients send them: every junk request gets a status and a JSON error (or a
+    translation), the connection stays usable, and a good request afterwards gets the right translation."""
+    url, sources = server
+    expected = post(f"{url}/translate", {"q": sources[0], "source": "de", "target": "en"})
+    connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=60)
+    statuses = collections.Counter()
+    for path, body, kind in junk_requests(1, 3000, 5000):
+        connection.request("POST", path, body, {"Content-Type": kind})
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == 200 or response.status < 500 and set(answer) == {"error"}, (body, answer)
+        statuses[response.status] += 1
+    assert statuses[400] > 1000 and statuses[413] > 10 and statuses[200] > 50, statuses
+    assert post(f"{url}/translate", {"q": sources[0], "source": "de", "target": "en"}) == expected

@@ -18,16 +18,21 @@ def load_models(cfg: ServeConfig) -> list[ServedModel]:
     """Every model, or one line naming the one that cannot be served."""
     if not cfg.models:
         raise ValueError("models=[] serves nothing; give exported folders or checkpoints: models=[deploy/de-en]")
+    if unknown := [path for path in cfg.tags if path not in cfg.models]:
+        raise ValueError(f"tags: {unknown[0]} is not in models; key a tag by the model's path as models= gives it")
     models, pairs = [], {}
     for path in cfg.models:
         if not Path(path).exists():
             raise FileNotFoundError(f"models: {path} does not exist; give an exported folder or a checkpoint")
-        translator = open_translator(path, cfg.device, threads=cfg.threads)
+        translator = open_translator(path, cfg.device, threads=cfg.threads, workers=cfg.workers)
         source, target = translator.data.get("src"), translator.data.get("tgt")
         if (source, target) in pairs:
             raise ValueError(f"models: {pairs[(source, target)]} and {path} both translate {source}->{target}")
         pairs[(source, target)] = path
-        models.append(ServedModel(path, translator, source, target, cfg.tags.get(path)))
+        tag = cfg.tags[path] if path in cfg.tags else translator.data.get("tag")  # its main corpus's by default
+        if tag is not None:
+            translator.src_tokenizer.tag_id(tag)  # one line if the model has no such tag
+        models.append(ServedModel(path, translator, source, target, tag))
     return models
 
 

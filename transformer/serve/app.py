@@ -247,7 +247,7 @@ def batcher_for(model: ServedModel, cfg: ServeConfig, metrics: Metrics) -> Batch
     def on_batch(sentences: int, seconds: float) -> None:
         metrics.batch_sentences.labels(model.name).observe(sentences)
 
-    return Batcher(translate, cfg.max_batch_tokens, cfg.max_delay_ms, cfg.max_queue_sentences, on_batch)
+    return Batcher(translate, cfg.max_batch_tokens, cfg.max_delay_ms, cfg.max_queue_sentences, on_batch, cfg.workers)
 
 
 def texts_of(fields: dict) -> list[str]:

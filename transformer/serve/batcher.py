@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,22 +33,26 @@ class Job:
 
 
 class Batcher:
-    """Requests wait in one queue. The batcher takes the first, then whatever else arrives within max_delay_ms, up
-    to max_batch_tokens source tokens, and makes one engine call per kind of decoding among them (in a thread: the
-    event loop keeps answering). Each request gets its own results, in order; a call that fails is retried request
-    by request, so one request's bad sentence fails only that request."""
+    """Requests wait in one queue. As soon as an engine thread is free, the batcher takes every request waiting, up
+    to max_batch_tokens source tokens (and, with max_delay_ms, whatever else arrives that long after the first), and
+    makes one engine call per kind of decoding among them, in that thread: the event loop keeps answering. While the
+    engines are busy the queue fills, so batches grow with the load and a lone request never waits for company.
+    Each request gets its own results, in order; a call that fails is retried request by request, so one request's
+    bad sentence fails only that request."""
 
     def __init__(self, translate: Callable, max_batch_tokens: int, max_delay_ms: float, max_queue_sentences: int,
-                 on_batch: Callable[[int, float], None]):  # fmt: skip
-        """translate(sentences, decoding) -> each sentence's [(score, text), ...]; on_batch(sentences, seconds)
-        after each engine call (metrics)."""
-        self.translate = translate
+                 on_batch: Callable[[int, float], None], workers: int = 1):  # fmt: skip
+        """translate(sentences, decoding) -> each sentence's [(score, text), ...], called from `workers` threads at
+        once; on_batch(sentences, seconds) after each engine call (metrics)."""
+        self.translate, self.workers = translate, workers
         self.max_batch_tokens, self.max_delay = max_batch_tokens, max_delay_ms / 1000
         self.max_queue_sentences, self.on_batch = max_queue_sentences, on_batch
-        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        self.pending: deque[Job] = deque()
+        self.arrived = asyncio.Event()
         self.waiting = 0  # sentences queued or being translated
-        self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.engine = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="engine")
         self.task: asyncio.Task | None = None
+        self.calls: set[asyncio.Task] = set()  # batches in the engine threads
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -66,28 +71,48 @@ class Batcher:
         job = Job(sentences, tokens, decoding, asyncio.get_running_loop().create_future())
         self.waiting += len(sentences)
         try:
-            await self.queue.put(job)
+            self.pending.append(job)
+            self.arrived.set()
             return await job.future, time.perf_counter() - job.queued
         finally:
             self.waiting -= len(sentences)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop, free = asyncio.get_running_loop(), asyncio.Semaphore(self.workers)
         while True:
-            batch = [await self.queue.get()]
-            tokens, deadline = batch[0].tokens, loop.time() + self.max_delay
-            while tokens < self.max_batch_tokens and (left := deadline - loop.time()) > 0:
-                try:
-                    job = await asyncio.wait_for(self.queue.get(), left)
-                except TimeoutError:
-                    break
-                batch.append(job)
-                tokens += job.tokens
-            for decoding in dict.fromkeys(job.decoding for job in batch):
-                await self.call([job for job in batch if job.decoding == decoding], decoding, loop)
+            await free.acquire()  # requests queue up while every engine thread is busy
+            while not self.pending:
+                self.arrived.clear()
+                await self.arrived.wait()
+            if self.max_delay:
+                await self.gather_until(loop.time() + self.max_delay - (time.perf_counter() - self.pending[0].queued))
+            batch = [self.pending.popleft()]
+            tokens = batch[0].tokens
+            while self.pending and tokens + self.pending[0].tokens <= self.max_batch_tokens:
+                tokens += self.pending[0].tokens
+                batch.append(self.pending.popleft())
+            call = loop.create_task(self.dispatch(batch, loop))
+            self.calls.add(call)
+            call.add_done_callback(lambda done: (self.calls.discard(done), free.release()))
+
+    async def gather_until(self, deadline: float) -> None:
+        """Wait for more requests until `deadline` (the loop's clock) or until a batch's worth of tokens waits."""
+        loop = asyncio.get_running_loop()
+        while sum(job.tokens for job in self.pending) < self.max_batch_tokens and (left := deadline - loop.time()) > 0:
+            self.arrived.clear()
+            try:
+                await asyncio.wait_for(self.arrived.wait(), left)
+            except TimeoutError:
+                return
+
+    async def dispatch(self, batch: list[Job], loop) -> None:
+        for decoding in dict.fromkeys(job.decoding for job in batch):
+            await self.call([job for job in batch if job.decoding == decoding], decoding, loop)
 
     async def call(self, jobs: list[Job], decoding: Decoding, loop) -> None:
         jobs = [job for job in jobs if not job.future.done()]  # a client that went away cancelled its future
+        if not jobs:
+            return
         sentences = [s for job in jobs for s in job.sentences]
         start = time.perf_counter()
         try:

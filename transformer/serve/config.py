@@ -8,15 +8,18 @@ from omegaconf import MISSING
 @dataclass(frozen=True)
 class ServeConfig:
     models: list[str] = MISSING  # exported CTranslate2 folders or training checkpoints, one per language pair
-    tags: dict[str, str] = field(default_factory=dict)  # model path: a corpus tag put before its every source
+    tags: dict[str, str | None] = field(
+        default_factory=dict
+    )  # model path: tag before its sources (default: its corpus's; null: none)
     host: str = "127.0.0.1"  # 0.0.0.0 to listen on every interface
     port: int = 5000  # LibreTranslate's
     device: str = "cpu"  # cpu, cuda, cuda:1, ...
-    threads: int = 0  # an exported model's intra-op threads (0: CTranslate2's default)
+    threads: int = 0  # an exported model's intra-op threads per engine call (0: CTranslate2's default)
+    workers: int = 1  # engine calls in flight at once per model, one batch each (CTranslate2's inter_threads)
     beam_size: int = 4  # /translate's search; /v1/translate takes its own
     length_penalty: float = 1.0  # /translate's: scores are log-probabilities / length**length_penalty
     max_batch_tokens: int = 4096  # source tokens of one engine call, from every waiting request together
-    max_delay_ms: float = 5.0  # how long a batch waits for more requests once one has arrived
+    max_delay_ms: float = 0.0  # how long a batch waits for more requests once one has arrived (0: none)
     max_queue_sentences: int = 4096  # per model: beyond, requests get 503 with Retry-After
     max_chars: int = 5000  # per request (all of q), beyond: 413
     max_sentences: int = 200  # per request, after splitting, beyond: 413
@@ -26,7 +29,7 @@ class ServeConfig:
     shutdown_timeout_s: float = 30.0  # after SIGTERM: how long accepted requests may still take
 
     def __post_init__(self):
-        for name, value, low in (("port", self.port, 1), ("beam_size", self.beam_size, 1),
+        for name, value, low in (("port", self.port, 1), ("workers", self.workers, 1), ("beam_size", self.beam_size, 1),
                                  ("max_batch_tokens", self.max_batch_tokens, 1), ("max_chars", self.max_chars, 1),
                                  ("max_queue_sentences", self.max_queue_sentences, 1),
                                  ("max_sentences", self.max_sentences, 1), ("max_delay_ms", self.max_delay_ms, 0),

@@ -8,7 +8,13 @@ from html.parser import HTMLParser
 
 # a sentence ends at . ! ? … (closing quotes or brackets may follow) before whitespace and a capital; a line break
 # always ends one
-_BOUNDARY = re.compile(r"(?<=[.!?…])[\"'”’»)\]]*\s+|\s*\n\s*")
+_CLOSERS = "\"'”’“‘»«)]"  # English, German („…“) and French/Swiss (« » or » «) quotes close a sentence too
+_BOUNDARY = re.compile(rf"(?<=[.!?…])[{re.escape(_CLOSERS)}]*\s+|\s*\n\s*")
+# ... but not after an initial or a common abbreviation, which a capital often follows in German ("z. B. Hunde")
+_ABBREVIATION = re.compile(
+    r"(?:^|[\s(])(?:\w|Dr|Prof|Nr|St|Hr|Fr|Mr|Mrs|Ms|bzw|ca|vgl|usw|etc|evtl|ggf|inkl|Jh|Str|e\.g|i\.e|vs|No)\.$",
+    re.IGNORECASE,
+)
 
 
 def split_sentences(text: str) -> tuple[list[str], list[str]]:
@@ -18,9 +24,11 @@ def split_sentences(text: str) -> tuple[list[str], list[str]]:
     sentences, separators = [], [text[:start]]
     body_end = len(text.rstrip())
     for match in _BOUNDARY.finditer(text, start, body_end):
-        end = match.start() + len(match.group(0)) - len(match.group(0).lstrip("\"'”’»)]"))
+        end = match.start() + len(match.group(0)) - len(match.group(0).lstrip(_CLOSERS))
         if "\n" not in match.group(0) and not text[match.end() :].lstrip("\"'„“‘«([¿¡")[:1].isupper():
             continue  # "Nr. 5", "z. B. hier": a sentence starts with a capital
+        if "\n" not in match.group(0) and _ABBREVIATION.search(text[start : match.start()]):
+            continue
         if end > start:
             sentences.append(text[start:end])
             separators.append(text[end : match.end()])

@@ -19,12 +19,14 @@ __all__ = [
 
 
 def open_translator(path: str, device: str = "cpu", runtime: RuntimeConfig | None = None, ema: bool = False,
-                    threads: int = 0) -> Translator:  # fmt: skip
+                    threads: int = 0, workers: int = 1) -> Translator:  # fmt: skip
     """A training checkpoint as a CheckpointTranslator (`ema`: with its weights' moving average), or a folder
     `python -m transformer.export` wrote as a CTranslate2Translator (the same translate() and tokenizers;
-    `runtime` does not apply to it, `threads` only to it: CTranslate2's intra-op threads, 0 its default)."""
+    `runtime` does not apply to it; `threads` and `workers` only to it: CTranslate2's intra-op threads, 0 its
+    default, and how many calls may run at once, from as many threads). A checkpoint takes calls from several
+    threads as it is: each call keeps its own caches."""
     if not is_export(path):
         return CheckpointTranslator.from_path(path, device, runtime, ema)
     if ema:
         raise ValueError(f"ema=true reads a training checkpoint's weight average; {path} is an exported folder")
-    return CTranslate2Translator(path, device, threads)
+    return CTranslate2Translator(path, device, threads, workers)
