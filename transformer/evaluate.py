@@ -122,7 +122,7 @@ def check_pair(sources: str | None, references: str | None, split: str | None) -
 def main(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)
     pair = None if cfg.input is None and cfg.references is None else check_pair(cfg.input, cfg.references, cfg.split)
-    translator = open_translator(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]), cfg.ema)
+    translator = open_translator(plain["ckpt_path"], cfg.device, RuntimeConfig(**plain["runtime"]), cfg.ema)
     data = data_config(translator.data, plain["data"])
     search = SearchConfig.pick(plain, max_tokens=cfg.max_tokens or data.max_tokens)
     baseline = None if cfg.compare is None else read_lines(cfg.compare, "compare")  # before decoding
@@ -141,7 +141,7 @@ def main(cfg: DictConfig) -> None:
     if pair is not None:
         result = {"input": cfg.input, "references": cfg.references, **result}
     (out / f"{name}.hyp").write_text("".join(" ".join(h.splitlines()) + "\n" for h in result.pop("hypotheses")))
-    (out / f"{name}.json").write_text(json.dumps({"checkpoint": str(cfg.ckpt_path), **result}, indent=2) + "\n")
+    (out / f"{name}.json").write_text(json.dumps({"checkpoint": plain["ckpt_path"], **result}, indent=2) + "\n")
     for line in ("bleu_line", "bleu_lowercase_line", "chrf_line", "ter_line"):
         print(result[line])
     if "compare" in result:

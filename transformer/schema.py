@@ -66,7 +66,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class EvaluateConfig(SearchConfig):
-    ckpt_path: str = MISSING  # a training checkpoint, or a folder transformer.export wrote
+    ckpt_path: Any = MISSING  # a training checkpoint, a folder transformer.export wrote, or [a,b,...]: an ensemble
     split: str | None = None  # null: the checkpoint's test split; a split of its main corpus, or corpus/split
     input: str | None = None  # a text file of sources to score instead of a split (with references=)
     references: str | None = None  # input's references, one line per input line
@@ -81,7 +81,7 @@ class EvaluateConfig(SearchConfig):
 
 @dataclass(frozen=True)
 class TranslateConfig(SearchConfig):
-    ckpt_path: str = MISSING  # a training checkpoint, or a folder transformer.export wrote
+    ckpt_path: Any = MISSING  # a training checkpoint, a folder transformer.export wrote, or [a,b,...]: an ensemble
     input: str | None = None  # a text file; null: standard input
     max_lines: int = 256  # lines per batch at most
     tag: str | None = None  # a corpus tag the model was trained with, e.g. <news>: put before every input line

@@ -31,7 +31,7 @@ def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)
-    translator = open_translator(cfg.ckpt_path, cfg.device, RuntimeConfig(**plain["runtime"]), cfg.ema)
+    translator = open_translator(plain["ckpt_path"], cfg.device, RuntimeConfig(**plain["runtime"]), cfg.ema)
     search = SearchConfig.pick(plain)
     precision = str(cfg.precision or translator.trained_precision)  # Hydra reads 32 as a number
     if cfg.max_lines < 1:

@@ -82,7 +82,7 @@ def beam_search(
     scores = torch.full((len(rows), K), float("-inf"), device=device)  # (n, K) summed log-probabilities
     scores[:, 0] = 0.0  # one live beam per sentence on the first step
     cache = model.new_cache() if use_cache else None
-    C = min(2 * K, K * model.output.out_features)  # candidates per sentence and step
+    C = min(2 * K, K * model.tgt_vocab_size)  # candidates per sentence and step
     for t in range(steps):
         tgt = prefix[:, -1:] if use_cache else prefix
         logits = model.decode(tgt, memory, src_layout, cache)[:, -1]  # (n*K, V); (n, V) at t = 0

@@ -15,7 +15,7 @@ def max_target_lengths(model: EncoderDecoder, src: Tensor, max_len_a: float, max
     max_positions; and the decoding steps the batch needs (the largest of them, 0 for an empty batch)."""
     src_len = src.ne(model.pad_id).sum(dim=1)  # (B,)
     max_len = (src_len.double() * max_len_a + max_len_b).long()  # float64, int(): as Python computes it
-    max_len = max_len.clamp(0, model.tgt_embed.max_positions)  # (B,)
+    max_len = max_len.clamp(0, model.max_target_positions)  # (B,)
     return max_len, int(max_len.max()) if src.size(0) else 0
 
 

@@ -97,6 +97,14 @@ class EncoderDecoder(nn.Module):
         self.output = output
         self.pad_id, self.window, self.padding_free = pad_id, window, padding_free
 
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.output.out_features
+
+    @property
+    def max_target_positions(self) -> int:
+        return self.tgt_embed.max_positions
+
     def source_layout(self, src: Tensor) -> SequenceLayout:
         """The layout of source ids (B, S), padding where they are pad_id: one sync, for its host facts."""
         return SequenceLayout.of(src, self.pad_id, packed=self.padding_free)

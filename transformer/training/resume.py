@@ -9,10 +9,13 @@ from ..data.tokenizer import vocabulary_fingerprint
 from ..model import ModelConfig
 
 
-def run_dir_for(ckpt_path: str | None, default: str, outputs: str = "outputs") -> str:
+def run_dir_for(ckpt_path, default: str, outputs: str = "outputs") -> str:
     """The run folder of a checkpoint in it (`RUN/checkpoints/x.ckpt`, or average.pt), where a resumed run
-    continues and evaluate writes (RUN/evaluate/); `last`: the newest run under `outputs/` that has a last.ckpt;
-    otherwise `default`."""
+    continues and evaluate writes (RUN/evaluate/); an ensemble's: its first checkpoint's; `last`: the newest run
+    under `outputs/` that has a last.ckpt; otherwise `default`."""
+    if not isinstance(ckpt_path, str | None):  # a list of checkpoints (an ensemble), or a wrong value
+        first = list(ckpt_path)[:1] if hasattr(ckpt_path, "__iter__") else [ckpt_path]
+        ckpt_path = str(first[0]) if first else None
     if not ckpt_path:
         return default
     if ckpt_path == "last":

@@ -8,7 +8,7 @@ import torch
 
 from ..data.batching import TokenBatchSampler
 from ..data.tokenizer import SentencePiece
-from ..decoding import Hypothesis, beam_search, greedy_search
+from ..decoding import Ensemble, Hypothesis, beam_search, greedy_search
 from ..model import ModelConfig, RuntimeConfig, build_model, use_deterministic_algorithms
 from ..model.kernels import check_backend
 from ..training.resume import load_checkpoint
@@ -31,6 +31,7 @@ class CheckpointTranslator:
                 f"ckpt_path={path} holds no weight average (trained without optim.ema_decay); drop ema=true"
             )
         self.model_config = ModelConfig.from_dict(hparams["model"])
+        self.model_configs = [self.model_config]  # an ensemble's: every model's
         self.runtime = runtime or RuntimeConfig()
         if self.runtime.deterministic:
             use_deterministic_algorithms()
@@ -57,6 +58,26 @@ class CheckpointTranslator:
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ValueError(f"ckpt_path={path} is not a usable checkpoint of this project ({reason})") from None
 
+    @classmethod
+    def ensemble(cls, paths: list[str], device: str = "cpu", runtime: RuntimeConfig | None = None,
+                 ema: bool = False) -> "CheckpointTranslator":  # fmt: skip
+        """Several checkpoints decoding as one (decoding/ensemble.py): the first one's tokenizers and data config,
+        which every other must share."""
+        members = [cls.from_path(path, device, runtime, ema) for path in paths]
+        first = members[0]
+        for path, member in zip(paths[1:], members[1:]):
+            for side in ("src", "tgt"):
+                ours, theirs = (getattr(m, f"{side}_tokenizer").sp.serialized_model_proto() for m in (first, member))
+                if ours != theirs:
+                    raise ValueError(
+                        f"ckpt_path: {path} has another {side} tokenizer than {paths[0]}; an ensemble needs models "
+                        "trained on the same data cache's sentencepiece models"
+                    )
+        first.model = Ensemble([m.model for m in members])
+        first.model_configs = [m.model_config for m in members]
+        first.max_source_tokens = min(m.max_source_tokens for m in members)
+        return first
+
     def translate(self, texts: list[str], search: SearchConfig, precision: str = "32", target_lengths=None,
                   tag: str | None = None) -> list[str]:  # fmt: skip
         """One translation per text, in order; empty texts give empty translations. `target_lengths`: see search.
@@ -82,7 +103,8 @@ class CheckpointTranslator:
         check_nbest(nbest, search)
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
-        check_backend(self.model_config, self.runtime, self.device.type, precision == "bf16", training=False)
+        for model_config in self.model_configs:
+            check_backend(model_config, self.runtime, self.device.type, precision == "bf16", training=False)
         results: list = [None] * len(sources)
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
@@ -102,7 +124,7 @@ class CheckpointTranslator:
         as batched (BOS + target, see example_lengths), by both sides as validation packs pairs (bf16 rounding
         depends on batch shapes, so a validation split then decodes exactly as in training)."""
         max_tokens = max(search.max_tokens // search.beam_size, 1)
-        eos, pad = self.src_tokenizer.eos_id, self.model_config.pad_id
+        eos, pad = self.src_tokenizer.eos_id, self.model.pad_id
         source_lengths = [len(s) + 1 for s in sources]  # with EOS
         lengths = np.stack([source_lengths, source_lengths if target_lengths is None else target_lengths], axis=1)
         max_tokens = max(max_tokens, int(lengths.max(initial=0)))  # one overlong pair: a batch of its own
