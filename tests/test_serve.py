@@ -233,6 +233,29 @@ def test_requests_arriving_while_the_engine_is_busy_share_its_next_call():
     assert asyncio.run(scenario(2)) == ([["a"], ["b", "c"]], 2)
 
 
+@pytest.mark.parametrize("max_delay_ms, calls", [(0.0, [["a"], ["b"]]), (60_000.0, [["a", "b"]])])
+def test_max_delay_ms_holds_a_batch_open_for_later_requests(max_delay_ms, calls):
+    """A request that arrives 50 ms after another joins its batch only if the batch waits for company; it waits
+    until max_batch_tokens (2 here) are queued, however long max_delay_ms."""
+    seen = []
+
+    def translate(sentences, decoding):
+        seen.append(list(sentences))
+        return [[(0.0, s)] for s in sentences]
+
+    async def scenario():
+        batcher = Batcher(translate, 2, max_delay_ms, 100, lambda n, t: None)
+        batcher.start()
+        greedy = Decoding(SearchConfig(beam_size=1))
+        first = asyncio.ensure_future(batcher.submit(["a"], greedy, 1))
+        await asyncio.sleep(0.05)
+        await asyncio.gather(first, batcher.submit(["b"], greedy, 1))
+        await batcher.stop()
+
+    asyncio.run(scenario())
+    assert seen == calls
+
+
 @pytest.mark.parametrize(
     "text, sentences",
     [
@@ -240,6 +263,8 @@ def test_requests_arriving_while_the_engine_is_busy_share_its_next_call():
         ("Dr. Müller kommt. Er geht.", ["Dr. Müller kommt.", "Er geht."]),
         ("  Nr. 5 ist da.\n\nEr sagte: „Komm.“ Dann ging er.  ", ["Nr. 5 ist da.", "Er sagte: „Komm.“", "Dann ging er."]),
         ("Ein Hund läuft. zwei Katzen... Drei? Ja", ["Ein Hund läuft. zwei Katzen...", "Drei?", "Ja"]),
+        ("Am 3. Mai kam er. Gut.", ["Am 3. Mai kam er.", "Gut."]),
+        ("I said no. He left, etc. It was 2023. Done.", ["I said no.", "He left, etc.", "It was 2023.", "Done."]),
     ],
 )  # fmt: skip
 def test_sentences_split_at_ends_not_after_abbreviations_and_rejoin_exactly(text, sentences):
@@ -256,5 +281,8 @@ def test_a_models_tag_comes_from_its_corpus_unless_tags_says_otherwise(served, m
         load_models(ServeConfig(models=[path]))  # the corpus's tag, which this tokenizer lacks
     (model,) = load_models(ServeConfig(models=[path], tags={path: None}))
     assert model.tag is None
+    monkeypatch.setattr(translator.src_tokenizer, "tag_id", lambda tag: 7)  # as if it had every tag
+    assert [m.tag for m in load_models(ServeConfig(models=[path]))] == ["__bt__"]
+    assert [m.tag for m in load_models(ServeConfig(models=[path], tags={path: "__x__"}))] == ["__x__"]
     with pytest.raises(ValueError, match=r"^tags: other.ckpt is not in models"):
         load_models(ServeConfig(models=[path], tags={"other.ckpt": "__bt__"}))

@@ -82,7 +82,10 @@ class EvaluateConfig(SearchConfig):
 @dataclass(frozen=True)
 class TranslateConfig(SearchConfig):
     ckpt_path: Any = MISSING  # a training checkpoint, a folder transformer.export wrote, or [a,b,...]: an ensemble
-    input: str | None = None  # a text file; null: standard input
+    input: str | None = None  # a text file (with output=, .gz too); null: standard input
+    output: str | None = None  # a corpus folder to write from input=: {split}.{src}.gz, {split}.{tgt}.gz; resumable
+    split: str = "train"  # output='s split name
+    chunk_lines: int = 10_000  # output='s lines per chunk: a killed run resumes at its first chunk not written
     max_lines: int = 256  # lines per batch at most
     tag: str | None = None  # a corpus tag the model was trained with, e.g. <news>: put before every input line
     nbest: int | None = None  # N: the N best of each line, as TSV lines `line index<TAB>score<TAB>translation`

@@ -9,6 +9,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from .cli import check_overrides, one_line_errors
+from .corpus_translation import translate_corpus
 from .model import RuntimeConfig
 from .translators import SearchConfig, check_nbest, open_translator
 
@@ -42,6 +43,13 @@ def main(cfg: DictConfig) -> None:
         translator.src_tokenizer.tag_id(cfg.tag)  # an unknown tag fails here, before any input is read
     if cfg.nbest is not None:
         check_nbest(cfg.nbest, search)  # before any input is read
+    if cfg.output is not None:
+        if not cfg.input or cfg.chunk_lines < 1:
+            raise ValueError(f"output={cfg.output} writes a corpus from a file: give input=FILE (and chunk_lines >= 1)")
+        about = {"ckpt_path": plain["ckpt_path"]}
+        translate_corpus(translator, cfg.input, cfg.output, search, precision, cfg.nbest or 1, cfg.tag, cfg.split,
+                         cfg.chunk_lines, about)  # fmt: skip
+        return
     fd = os.open(cfg.input, os.O_RDONLY) if cfg.input else sys.stdin.fileno()
     done = 0  # input lines so far: the nbest lines' index
     for lines in arriving_lines(fd, cfg.max_lines):

@@ -1,5 +1,7 @@
 """Batched greedy decoding: one encoder pass, then one decoder step per target token."""
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -16,6 +18,7 @@ def greedy_search(
     max_len_a: float = MAX_LEN_A,
     max_len_b: int = MAX_LEN_B,
     use_cache: bool = True,
+    next_token: Callable[[Tensor], Tensor] | None = None,
 ) -> list[list[int]]:
     """Most likely next token at each step, for a batch of right-padded sources (B, S).
 
@@ -25,6 +28,8 @@ def greedy_search(
     max_positions). With use_cache each step feeds only the new token and the decoder keeps its
     keys/values; without, it feeds the whole prefix (slower, for checks). Finished sentences
     leave the batch. Put the model in eval mode first; an enclosing autocast applies as usual.
+    `next_token`: logits (n, V) -> the tokens (n,) chosen; the most likely by default, sampling.sampled_token to
+    sample.
     """
     B = src.size(0)
     memory, src_layout = model.encode(src)  # (B, S, d), B rows
@@ -37,7 +42,7 @@ def greedy_search(
     for t in range(steps):
         tgt = prefix[:, -1:] if use_cache else prefix
         logits = model.decode(tgt, memory, src_layout, cache)[:, -1]  # (n, V)
-        token = logits.argmax(dim=-1)  # (n,)
+        token = logits.argmax(dim=-1) if next_token is None else next_token(logits)  # (n,)
         out[rows, t] = token
         prefix = torch.cat([prefix, token[:, None]], dim=1)
         keep = (token.ne(eos_id) & max_len[rows].gt(t + 1)).nonzero().squeeze(1)  # (n',) rows still going

@@ -102,12 +102,17 @@ class Batcher:
             self.arrived.clear()
             try:
                 await asyncio.wait_for(self.arrived.wait(), left)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # TimeoutError from 3.11 on, another class in 3.10
                 return
 
     async def dispatch(self, batch: list[Job], loop) -> None:
-        for decoding in dict.fromkeys(job.decoding for job in batch):
-            await self.call([job for job in batch if job.decoding == decoding], decoding, loop)
+        try:
+            for decoding in dict.fromkeys(job.decoding for job in batch):
+                await self.call([job for job in batch if job.decoding == decoding], decoding, loop)
+        finally:  # whatever happened, no request taken off the queue is left waiting
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(RuntimeError("the engine call was interrupted"))
 
     async def call(self, jobs: list[Job], decoding: Decoding, loop) -> None:
         jobs = [job for job in jobs if not job.future.done()]  # a client that went away cancelled its future
@@ -119,7 +124,8 @@ class Batcher:
             found = await loop.run_in_executor(self.engine, self.translate, sentences, decoding)
         except Exception as error:
             if len(jobs) == 1:
-                jobs[0].future.set_exception(error)
+                if not jobs[0].future.done():
+                    jobs[0].future.set_exception(error)
                 return
             for job in jobs:  # one at a time: only the request that fails gets the error
                 await self.call([job], decoding, loop)

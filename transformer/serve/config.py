@@ -8,9 +8,8 @@ from omegaconf import MISSING
 @dataclass(frozen=True)
 class ServeConfig:
     models: list[str] = MISSING  # exported CTranslate2 folders or training checkpoints, one per language pair
-    tags: dict[str, str | None] = field(
-        default_factory=dict
-    )  # model path: tag before its sources (default: its corpus's; null: none)
+    # +tags={PATH: __bt__}: the tag put before that model's sources (default: its main corpus's; null: none)
+    tags: dict[str, str | None] = field(default_factory=dict)  # model path: its tag
     host: str = "127.0.0.1"  # 0.0.0.0 to listen on every interface
     port: int = 5000  # LibreTranslate's
     device: str = "cpu"  # cpu, cuda, cuda:1, ...

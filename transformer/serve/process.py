@@ -16,11 +16,11 @@ def start_server(models: list[str], *overrides: str, quiet: bool = True, cpus: s
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     pipe = subprocess.PIPE if quiet else None
     process = subprocess.Popen([sys.executable, "-m", "transformer.serve", f"models=[{','.join(map(str, models))}]",
-                                f"port={port}", *overrides], stdout=pipe, stderr=pipe, text=True,
-                               preexec_fn=pin)  # fmt: skip
+                                f"port={port}", *overrides], stdout=pipe, stderr=pipe, text=True)  # fmt: skip
+    if cpus:
+        os.sched_setaffinity(process.pid, cpus)  # before it loads torch, whose threads follow the affinity
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -33,4 +33,5 @@ def start_server(models: list[str], *overrides: str, quiet: bool = True, cpus: s
                 raise RuntimeError(f"the server exited {process.returncode}: {output}") from None
             time.sleep(0.5)
     process.kill()
+    process.wait()
     raise TimeoutError(f"the server's /health did not answer in {timeout_s:.0f} s (port {port})")

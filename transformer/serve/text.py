@@ -10,10 +10,10 @@ from html.parser import HTMLParser
 # always ends one
 _CLOSERS = "\"'”’“‘»«)]"  # English, German („…“) and French/Swiss (« » or » «) quotes close a sentence too
 _BOUNDARY = re.compile(rf"(?<=[.!?…])[{re.escape(_CLOSERS)}]*\s+|\s*\n\s*")
-# ... but not after an initial or a common abbreviation, which a capital often follows in German ("z. B. Hunde")
+# ... but not after an initial, a day's ordinal ("am 3. Mai") or a common abbreviation, which a capital often
+# follows in German ("z. B. Hunde", "Dr. Müller"); "Plan B. Er ..." stays one sentence, translated as one
 _ABBREVIATION = re.compile(
-    r"(?:^|[\s(])(?:\w|Dr|Prof|Nr|St|Hr|Fr|Mr|Mrs|Ms|bzw|ca|vgl|usw|etc|evtl|ggf|inkl|Jh|Str|e\.g|i\.e|vs|No)\.$",
-    re.IGNORECASE,
+    r"(?:[^\W\d_]|\d{1,2}|Dr|Prof|Nr|St|Hr|Fr|Mr|Mrs|Ms|Str|Jh|bzw|ca|vgl|evtl|ggf|inkl|e\.g|i\.e|vs)\."
 )
 
 
@@ -25,10 +25,12 @@ def split_sentences(text: str) -> tuple[list[str], list[str]]:
     body_end = len(text.rstrip())
     for match in _BOUNDARY.finditer(text, start, body_end):
         end = match.start() + len(match.group(0)) - len(match.group(0).lstrip(_CLOSERS))
-        if "\n" not in match.group(0) and not text[match.end() :].lstrip("\"'„“‘«([¿¡")[:1].isupper():
-            continue  # "Nr. 5", "z. B. hier": a sentence starts with a capital
-        if "\n" not in match.group(0) and _ABBREVIATION.search(text[start : match.start()]):
-            continue
+        if "\n" not in match.group(0):
+            if not text[match.end() : match.end() + 8].lstrip("\"'„“‘«([¿¡")[:1].isupper():
+                continue  # "Nr. 5", "z. B. hier": a sentence starts with a capital
+            # the word the full stop ends (8 characters hold the longest abbreviation and what precedes it)
+            if _ABBREVIATION.fullmatch(re.split(r"[\s(]", text[max(start, match.start() - 8) : match.start()])[-1]):
+                continue
         if end > start:
             sentences.append(text[start:end])
             separators.append(text[end : match.end()])

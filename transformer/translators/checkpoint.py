@@ -8,7 +8,7 @@ import torch
 
 from ..data.batching import TokenBatchSampler
 from ..data.tokenizer import SentencePiece
-from ..decoding import Ensemble, Hypothesis, beam_search, greedy_search
+from ..decoding import Ensemble, Hypothesis, beam_search, greedy_search, sampled_token
 from ..model import ModelConfig, RuntimeConfig, build_model, use_deterministic_algorithms
 from ..model.kernels import check_backend
 from ..training.resume import load_checkpoint
@@ -109,9 +109,10 @@ class CheckpointTranslator:
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
         )
+        generator = torch.Generator(self.device).manual_seed(search.seed) if search.sampling_topk else None
         for batch, src in self.batches(sources, search, target_lengths):
             with autocast:
-                found = self._search(src, search, nbest)
+                found = self._search(src, search, nbest, generator)
             for i, hypotheses in zip(batch, found):
                 results[i] = hypotheses
         return results
@@ -136,10 +137,12 @@ class CheckpointTranslator:
                 src[row, : len(sources[i]) + 1] = torch.tensor(sources[i] + [eos])
             yield batch, src.to(self.device)
 
-    def _search(self, src: torch.Tensor, search: SearchConfig, nbest: int = 1):
+    def _search(self, src: torch.Tensor, search: SearchConfig, nbest: int = 1, generator=None):
         bos, eos = self.tgt_tokenizer.bos_id, self.tgt_tokenizer.eos_id
         if search.beam_size == 1:  # the same function as validation, so that scores match it (unscored)
-            found = greedy_search(self.model, src, bos, eos, search.max_len_a, search.max_len_b, search.use_cache)
+            draw = sampled_token(search.sampling_topk, search.temperature, generator) if generator else None
+            found = greedy_search(self.model, src, bos, eos, search.max_len_a, search.max_len_b, search.use_cache,
+                                  draw)  # fmt: skip
             return [[Hypothesis(tokens, float("nan"))] for tokens in found]
         return beam_search(
             self.model, src, bos, eos, beam_size=search.beam_size, length_penalty=search.length_penalty,

@@ -18,12 +18,20 @@ class SearchConfig:
     early_stopping: bool = False  # True: a sentence is done at beam_size finished hypotheses (as CTranslate2)
     max_tokens: int = 8192  # tokens per batch the decoder holds: source tokens x beam_size (its rows per sentence)
     use_cache: bool = True  # False: each step re-reads the whole prefix (for checks and benchmarks)
+    sampling_topk: int = 0  # 0: search; k: sample each token from the k most likely (-1: from all), beam_size=1
+    temperature: float = 1.0  # sampling's: logits / temperature (below 1 sharper, above 1 flatter)
+    seed: int = 0  # sampling's: the same seed, input and batches draw the same translations
 
     def __post_init__(self):
         if self.beam_size < 1:
             raise ValueError(f"beam_size={self.beam_size} must be at least 1 (1 is greedy search)")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens} must be positive")
+        if self.sampling_topk and self.beam_size != 1:
+            raise ValueError(f"sampling_topk={self.sampling_topk} samples one translation: set beam_size=1")
+        if self.sampling_topk < -1 or not self.temperature > 0:
+            raise ValueError(f"sampling_topk={self.sampling_topk}, temperature={self.temperature}: sampling_topk "
+                             "is -1 (all tokens), 0 (no sampling) or k > 0, and temperature is positive")  # fmt: skip
 
     @classmethod
     def pick(cls, values: dict, **changes) -> "SearchConfig":

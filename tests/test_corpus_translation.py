@@ -1,0 +1,106 @@
+"""translate input=FILE output=FOLDER: a corpus translated in chunks into a corpus folder training reads, resumed
+where a killed run stopped, sampling reproducible from its seed."""
+
+import gzip
+import json
+
+import pytest
+
+from transformer import translate
+from transformer.corpus_translation import translate_corpus
+from transformer.data.sources import read_lines
+from transformer.translators import SearchConfig, open_translator
+
+from .helpers import compose_command
+
+SAMPLING = SearchConfig(beam_size=1, sampling_topk=5, temperature=1.5, seed=7)
+
+
+@pytest.fixture(scope="module")
+def corpus(trained, tmp_path_factory):
+    """(translator, a 50-line input: the test sources with an empty line and the train sources' first, its lines,
+    the checkpoint)."""
+    tmp, _, ckpt = trained
+    lines = (tmp / "c" / "test.de").read_text().splitlines()
+    lines = [*lines[:20], "", *lines[20:], (tmp / "c" / "train.de").read_text().splitlines()[0]]
+    path = tmp_path_factory.mktemp("corpus_input") / "input.de.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+    return open_translator(str(ckpt)), str(path), lines, ckpt
+
+
+def read(folder, name: str) -> list[str]:
+    with gzip.open(folder / name, "rt", encoding="utf-8") as f:
+        return f.read().split("\n")[:-1]
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_translation_resumes_to_what_an_unbroken_one_writes(corpus, tmp_path, monkeypatch):
+    translator, path, lines, ckpt = corpus
+    whole = translate_corpus(translator, path, str(tmp_path / "whole"), SAMPLING, "32", chunk_lines=8)
+    assert read(whole, "train.de.gz") == lines and len(read(whole, "train.en.gz")) == len(lines) == 50
+    assert read(whole, "train.en.gz")[20] == "" and not (whole / ".train.parts").exists()
+
+    calls, translate_nbest = [], translator.translate_nbest
+
+    def killed_in_the_third_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Killed
+        return translate_nbest(*args, **kwargs)
+
+    monkeypatch.setattr(translator, "translate_nbest", killed_in_the_third_chunk)
+    with pytest.raises(Killed):
+        translate_corpus(translator, path, str(tmp_path / "resumed"), SAMPLING, "32", chunk_lines=8)
+    parts = tmp_path / "resumed" / ".train.parts"
+    assert sorted(p.name for p in parts.glob("*.jsonl")) == ["000000.jsonl", "000001.jsonl"]
+    assert not (tmp_path / "resumed" / "train.en.gz").exists()  # nothing in place before every chunk is done
+    (parts / "000002.jsonl.partial").write_text('["half a li')  # a kill while writing a chunk
+    monkeypatch.setattr(translator, "translate_nbest", translate_nbest)
+    resumed = translate_corpus(translator, path, str(tmp_path / "resumed"), SAMPLING, "32", chunk_lines=8)
+    for name in ("train.de.gz", "train.en.gz", "train.scores.gz"):
+        assert read(resumed, name) == read(whole, name), name
+    record = json.loads((resumed / "train.translation.json").read_text())
+    assert record["lines"] == record["pairs"] == 50 and record["search"]["sampling_topk"] == 5
+
+
+def test_sampling_reproduces_from_its_seed_and_differs_from_search(corpus, tmp_path):
+    translator, path, lines, ckpt = corpus
+    sampled = translator.translate(lines, SAMPLING)
+    assert translator.translate(lines, SAMPLING) == sampled
+    other_seed = translator.translate(lines, SearchConfig(beam_size=1, sampling_topk=5, temperature=1.5, seed=8))
+    greedy = translator.translate(lines, SearchConfig(beam_size=1))
+    assert sum(a != b for a, b in zip(sampled, other_seed)) > 10 and sum(a != b for a, b in zip(sampled, greedy)) > 10
+    cold = translator.translate(lines, SearchConfig(beam_size=1, sampling_topk=5, temperature=1e-4, seed=7))
+    assert cold == greedy  # a temperature near 0 samples the most likely token
+    with pytest.raises(ValueError, match=r"^sampling_topk=5 samples one translation: set beam_size=1"):
+        SearchConfig(beam_size=4, sampling_topk=5)
+
+
+def test_the_command_writes_a_corpus_folder_training_reads_with_the_nbest_and_scores(corpus, tmp_path, capsys):
+    translator, path, lines, ckpt = corpus
+    out = tmp_path / "bt"
+    cfg = compose_command("translate", [f"ckpt_path={ckpt}", f"input={path}", f"output={out}",
+                                        "beam_size=3", "nbest=2", "chunk_lines=16"])  # fmt: skip
+    translate.main(cfg)
+    sources, targets = read(out, "train.de.gz"), read(out, "train.en.gz")
+    scores = [float(s) for s in read(out, "train.scores.gz")]
+    assert len(sources) == len(targets) == len(scores) == 2 * 49 + 1  # the empty line: one empty pair
+    nbest = translator.translate_nbest(lines[:3], SearchConfig(beam_size=3), 2)
+    assert list(zip(sources[:6], targets[:6])) == [(line, text) for line, hyps in zip(lines, nbest) for _, text in hyps]
+    assert scores[:6] == pytest.approx([s for hyps in nbest for s, _ in hyps], abs=1e-5)
+    assert read_lines(out / "train.en.gz") == targets  # as the data loader reads a corpus folder's split
+    translate.main(cfg)  # done: a second run leaves it as it is
+    assert "exists: nothing to translate" in capsys.readouterr().err
+    changed = compose_command("translate", [f"ckpt_path={ckpt}", f"input={path}", f"output={tmp_path / 'x'}",
+                                            "beam_size=3", "chunk_lines=16"])  # fmt: skip
+    (tmp_path / "x" / ".train.parts").mkdir(parents=True)
+    (tmp_path / "x" / ".train.parts" / "settings.json").write_text("{}")
+    with pytest.raises(SystemExit) as stopped:
+        translate.main(changed)
+    assert stopped.value.code == 2 and "holds chunks of another input or other settings; delete it" in (
+        capsys.readouterr().err
+    )

@@ -1,0 +1,25 @@
+"""Sampling instead of searching (Edunov et al. 2018's back-translation sources): a next-token rule for
+greedy_search that draws each token from the model's distribution, cut to its k most likely and sharpened or
+flattened by a temperature, from a seeded generator."""
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+def sampled_token(topk: int, temperature: float, generator: torch.Generator) -> Callable[[Tensor], Tensor]:
+    """logits (n, V) -> a token per row (n,), drawn from softmax(logits / temperature) over the row's `topk` most
+    likely tokens (topk=-1: over all of them)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be positive")
+
+    def draw(logits: Tensor) -> Tensor:
+        scaled = logits.float() / temperature  # (n, V)
+        if topk > 0:
+            values, tokens = scaled.topk(min(topk, scaled.size(-1)), dim=-1)  # (n, k) each
+            picked = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)  # (n, 1)
+            return tokens.gather(1, picked).squeeze(1)  # (n,)
+        return torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)  # (n,)
+
+    return draw
