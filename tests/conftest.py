@@ -22,11 +22,19 @@ def pytest_configure(config):
 
 # The files that take longest (their fixtures train) go first. pytest-xdist hands out whole files in collection order
 # (--no-loadscope-reorder), so none of them is left to start as the other workers run out of files
-LONGEST = ("test_train.py", "test_compile.py", "test_serve.py", "test_kernels.py", "test_decoding.py")
+LONGEST = (
+    "test_teacher_student.py",
+    "test_train.py",
+    "test_compile.py",
+    "test_serve.py",
+    "test_kernels.py",
+    "test_decoding.py",
+)
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in LONGEST)  # stable: each file keeps its order
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))  # stable: each file keeps its order
 
 
 @pytest.fixture(scope="session")

@@ -59,8 +59,12 @@ def test_a_killed_translation_resumes_to_what_an_unbroken_one_writes(corpus, tmp
     assert sorted(p.name for p in parts.glob("*.jsonl")) == ["000000.jsonl", "000001.jsonl"]
     assert not (tmp_path / "resumed" / "train.en.gz").exists()  # nothing in place before every chunk is done
     (parts / "000002.jsonl.partial").write_text('["half a li')  # a kill while writing a chunk
-    monkeypatch.setattr(translator, "translate_nbest", translate_nbest)
+    resumed_calls = []
+    monkeypatch.setattr(
+        translator, "translate_nbest", lambda *a, **k: resumed_calls.append(1) or translate_nbest(*a, **k)
+    )
     resumed = translate_corpus(translator, path, str(tmp_path / "resumed"), SAMPLING, "32", chunk_lines=8)
+    assert len(resumed_calls) == 5  # the 5 chunks of 7 not written: the first two are not translated again
     for name in ("train.de.gz", "train.en.gz", "train.scores.gz"):
         assert read(resumed, name) == read(whole, name), name
     record = json.loads((resumed / "train.translation.json").read_text())
@@ -78,6 +82,8 @@ def test_sampling_reproduces_from_its_seed_and_differs_from_search(corpus, tmp_p
     assert cold == greedy  # a temperature near 0 samples the most likely token
     with pytest.raises(ValueError, match=r"^sampling_topk=5 samples one translation: set beam_size=1"):
         SearchConfig(beam_size=4, sampling_topk=5)
+    with pytest.raises(ValueError, match=r"^temperature=0.8 applies to sampling: add sampling_topk=-1"):
+        SearchConfig(beam_size=1, temperature=0.8)
 
 
 def test_the_command_writes_a_corpus_folder_training_reads_with_the_nbest_and_scores(corpus, tmp_path, capsys):
@@ -95,12 +101,32 @@ def test_the_command_writes_a_corpus_folder_training_reads_with_the_nbest_and_sc
     assert read_lines(out / "train.en.gz") == targets  # as the data loader reads a corpus folder's split
     translate.main(cfg)  # done: a second run leaves it as it is
     assert "exists: nothing to translate" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # but not one with other settings
+        translate.main(compose_command("translate", [f"ckpt_path={ckpt}", f"input={path}", f"output={out}",
+                                                     "beam_size=3", "nbest=2", "chunk_lines=16", "min_score=-1"]))  # fmt: skip
+    assert "holds a corpus translated from another input or with other settings" in capsys.readouterr().err
     changed = compose_command("translate", [f"ckpt_path={ckpt}", f"input={path}", f"output={tmp_path / 'x'}",
                                             "beam_size=3", "chunk_lines=16"])  # fmt: skip
     (tmp_path / "x" / ".train.parts").mkdir(parents=True)
     (tmp_path / "x" / ".train.parts" / "settings.json").write_text("{}")
     with pytest.raises(SystemExit) as stopped:
         translate.main(changed)
-    assert stopped.value.code == 2 and "holds chunks of another input or other settings; delete it" in (
+    assert stopped.value.code == 2 and "holds chunks translated from another input or with other settings" in (
         capsys.readouterr().err
     )
+
+
+def test_min_score_leaves_out_the_pairs_scored_below_it_and_counts_them(corpus, tmp_path):
+    translator, path, lines, ckpt = corpus
+    beam = SearchConfig(beam_size=3)
+    every = translate_corpus(translator, path, str(tmp_path / "every"), beam, "32")
+    scores = [float(s) for s in read(every, "train.scores.gz")]
+    threshold = sorted(scores)[len(scores) // 2]
+    kept = translate_corpus(translator, path, str(tmp_path / "kept"), beam, "32", min_score=threshold)
+    pairs = list(zip(read(every, "train.de.gz"), read(every, "train.en.gz"), scores))
+    want = [(s, t) for s, t, score in pairs if score >= threshold or not s]  # an empty source: nothing to judge
+    assert list(zip(read(kept, "train.de.gz"), read(kept, "train.en.gz"))) == want and 20 < len(want) < 40
+    record = json.loads((kept / "train.translation.json").read_text())
+    assert record["pairs"] == len(want) and record["dropped_below_min_score"] == 50 - len(want)
+    with pytest.raises(ValueError, match=r"^min_score=-1.0 filters by beam search's scores; greedy search"):
+        translate_corpus(translator, path, str(tmp_path / "x"), SAMPLING, "32", min_score=-1.0)

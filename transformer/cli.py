@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from .config_check import check_value
 from .console import quiet_console
 from .data.sources import DataError
+from .data.sources import read_lines as read_corpus_lines
 from .schema import register_configs
 from .training.errors import TrainingError
 
@@ -36,10 +37,11 @@ def one_line_errors(main):
 
 
 def read_lines(path: str, key: str) -> list[str]:
-    """A command's text-file input (`key=path`), one sentence per line; a one-line error if it is not a file."""
+    """A command's text-file input (`key=path`, plain or gzipped), one sentence per line, read as corpora are; a
+    one-line error if it is not a file."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"{key}={path} is not a file; give a text file with one sentence per line")
-    return Path(path).read_text(encoding="utf-8").splitlines()
+    return read_corpus_lines(Path(path))
 
 
 def check_overrides(config_name: str, argv: list[str]):

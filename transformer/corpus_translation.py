@@ -38,71 +38,92 @@ def write_atomically(path: Path, text: str) -> None:
 
 def translate_corpus(translator: Translator, input_path: str, output: str, search: SearchConfig, precision: str,
                      nbest: int = 1, tag: str | None = None, split: str = "train", chunk_lines: int = 10_000,
-                     about: dict | None = None) -> Path:  # fmt: skip
+                     min_score: float | None = None, about: dict | None = None) -> Path:  # fmt: skip
     """The corpus folder `output`, with nbest pairs per input line (an empty line: one empty pair), and
     {split}.scores.gz holding each pair's score (nan for greedy search and sampling, which are unscored). Sampling
-    draws chunk i's translations with seed + i, so a resumed run writes what an unbroken one does. `about`: what
-    else translation.json records (the command's settings)."""
+    draws chunk i's translations with seed + i, so a resumed run writes what an unbroken one does. `min_score`:
+    pairs scored below it are left out (with length_penalty=1, a score is the log-probability per token), and
+    counted in {split}.translation.json. `about`: what else that file records (the command's settings)."""
     folder, src, tgt = Path(output), translator.data["src"], translator.data["tgt"]
+    if min_score is not None and (search.beam_size == 1 or search.sampling_topk):
+        raise ValueError(f"min_score={min_score} filters by beam search's scores; greedy search and sampling score "
+                         "nothing: set beam_size to 2 or more, or drop min_score")  # fmt: skip
+    if chunk_lines < 1:
+        raise ValueError(f"chunk_lines={chunk_lines} must be at least 1")
     files = {name: folder / f"{split}.{name}.gz" for name in (src, tgt, "scores")}
-    if files[tgt].exists():
+    parts, card = folder / f".{split}.parts", folder / f"{split}.translation.json"
+    source = Path(input_path)
+    settings = {"input": str(source.resolve()), "input_bytes": source.stat().st_size,
+                "input_mtime": source.stat().st_mtime, "search": asdict(search), "nbest": nbest, "tag": tag,
+                "precision": precision, "chunk_lines": chunk_lines, "min_score": min_score, **(about or {})}  # fmt: skip
+    if files[tgt].exists():  # done: the same settings, or one line
+        check_settings(card, settings, "holds a corpus translated")
+        shutil.rmtree(parts, ignore_errors=True)  # left if a run was stopped just after the last rename
         print(f"{files[tgt]} exists: nothing to translate", file=sys.stderr)
         return folder
-    parts = folder / f".{split}.parts"
-    settings = {"input": str(Path(input_path).resolve()), "input_bytes": Path(input_path).stat().st_size,
-                "search": asdict(search), "nbest": nbest, "tag": tag, "precision": precision,
-                "chunk_lines": chunk_lines, **(about or {})}  # fmt: skip
-    check_parts(parts, settings)
+    check_settings(parts / "settings.json", settings, "holds chunks translated")
+    parts.mkdir(parents=True, exist_ok=True)
+    write_atomically(parts / "settings.json", json.dumps(settings, indent=2) + "\n")
     total = sum(1 for _ in read_lines(input_path))
+    chunks = math.ceil(total / chunk_lines)
+    done = sum(min(chunk_lines, total - i * chunk_lines) for i in range(chunks) if part_of(parts, i).exists())
     start = time.monotonic()
     lines = read_lines(input_path)
-    with tqdm(total=total, unit=" lines", file=sys.stderr, desc=f"translating {Path(input_path).name}") as bar:
-        for index in range(math.ceil(total / chunk_lines)):
+    with tqdm(total=total, initial=done, unit=" lines", file=sys.stderr, desc=f"translating {source.name}") as bar:
+        for index in range(chunks):
             chunk = list(itertools.islice(lines, chunk_lines))
-            part = parts / f"{index:06d}.jsonl"
-            if not part.exists():
-                chunk_search = replace(search, seed=search.seed + index)
-                found = translator.translate_nbest(chunk, chunk_search, nbest, precision, tag=tag)
-                # a translation on one line, as translate writes it (input lines hold no \n: only \n ends a line)
-                pairs = [[line, " ".join(text.splitlines()), score] for line, hyps in zip(chunk, found)
-                         for score, text in hyps]  # fmt: skip
-                write_atomically(part, "".join(json.dumps(pair) + "\n" for pair in pairs))
+            if part_of(parts, index).exists():
+                continue
+            chunk_search = replace(search, seed=search.seed + index)
+            found = translator.translate_nbest(chunk, chunk_search, nbest, precision, tag=tag)
+            # a translation on one line, as translate writes it (input lines hold no \n: only \n ends a line)
+            pairs = [[line, " ".join(text.splitlines()), score] for line, hyps in zip(chunk, found)
+                     for score, text in hyps]  # fmt: skip
+            write_atomically(part_of(parts, index), "".join(json.dumps(pair) + "\n" for pair in pairs))
             bar.update(len(chunk))
-    assemble(parts, files, src, tgt)
-    record = {**settings, "lines": total, "pairs": sum(1 for _ in read_lines(str(files[src]))),
+    written, kept, dropped = assemble(parts, files, min_score)
+    if dropped:
+        print(f"{dropped} of {kept + dropped} pairs scored below min_score={min_score}: left out", file=sys.stderr)
+    record = {**settings, "lines": total, "pairs": kept, "dropped_below_min_score": dropped,
               "seconds": round(time.monotonic() - start, 1)}  # fmt: skip
-    (folder / f"{split}.translation.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_atomically(card, json.dumps(record, indent=2) + "\n")
+    for name in (src, "scores", tgt):  # the target side last: its presence says the corpus is done
+        written[name].replace(files[name])
     shutil.rmtree(parts)
     return folder
 
 
-def check_parts(parts: Path, settings: dict) -> None:
-    """Chunks already written count only if they were written from the same input with the same settings."""
-    manifest = parts / "settings.json"
-    if manifest.exists():
-        if json.loads(manifest.read_text()) != settings:
-            raise ValueError(f"{parts} holds chunks of another input or other settings; delete it to start again, "
-                             "or give another output=")  # fmt: skip
-        return
-    parts.mkdir(parents=True, exist_ok=True)
-    write_atomically(manifest, json.dumps(settings, indent=2) + "\n")
+def part_of(parts: Path, index: int) -> Path:
+    return parts / f"{index:06d}.jsonl"
 
 
-def assemble(parts: Path, files: dict[str, Path], src: str, tgt: str) -> None:
-    """The chunks in order into the folder's files, streamed, each file whole or not at all; the target side last,
-    whose presence says the corpus is done."""
+def check_settings(path: Path, settings: dict, what: str) -> None:
+    """What a folder holds counts only if it was translated from the same input with the same settings."""
+    if path.exists() and {k: v for k, v in json.loads(path.read_text()).items() if k in settings} != settings:
+        raise ValueError(f"{path.parent} {what} from another input or with other settings; delete it to start "
+                         "again, or give another output=")  # fmt: skip
+
+
+def assemble(parts: Path, files: dict[str, Path], min_score: float | None) -> tuple[dict[str, Path], int, int]:
+    """The chunks in order into a partial file per name of `files`, streamed: the partial files, the pairs kept
+    and those left out, scored below min_score (a pair whose source is empty has no score to judge)."""
     partial = {name: path.with_name(path.name + ".partial") for name, path in files.items()}
     outs = {name: gzip.open(path, "wt", encoding="utf-8") for name, path in partial.items()}
+    src, tgt, _ = files
+    kept = dropped = 0
     try:
         for chunk in sorted(parts.glob("*.jsonl")):
             with open(chunk, encoding="utf-8") as rows:
                 for row in rows:
                     source, translation, score = json.loads(row)
+                    if min_score is not None and source.strip() and not score >= min_score:
+                        dropped += 1
+                        continue
+                    kept += 1
                     outs[src].write(source + "\n")
                     outs[tgt].write(translation + "\n")
                     outs["scores"].write(f"{score}\n")
     finally:
         for out in outs.values():
             out.close()
-    for name in (src, "scores", tgt):
-        partial[name].replace(files[name])
+    return partial, kept, dropped

@@ -86,6 +86,7 @@ class TranslateConfig(SearchConfig):
     output: str | None = None  # a corpus folder to write from input=: {split}.{src}.gz, {split}.{tgt}.gz; resumable
     split: str = "train"  # output='s split name
     chunk_lines: int = 10_000  # output='s lines per chunk: a killed run resumes at its first chunk not written
+    min_score: float | None = None  # output='s pairs scored below it left out (beam scores: log-prob per token)
     max_lines: int = 256  # lines per batch at most
     tag: str | None = None  # a corpus tag the model was trained with, e.g. <news>: put before every input line
     nbest: int | None = None  # N: the N best of each line, as TSV lines `line index<TAB>score<TAB>translation`

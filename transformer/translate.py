@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from .cli import check_overrides, one_line_errors
 from .corpus_translation import translate_corpus
 from .model import RuntimeConfig
-from .translators import SearchConfig, check_nbest, open_translator
+from .translators import SearchConfig, check_nbest, checkpoint_paths, open_translator
 
 
 def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:
@@ -46,9 +46,14 @@ def main(cfg: DictConfig) -> None:
     if cfg.output is not None:
         if not cfg.input or cfg.chunk_lines < 1:
             raise ValueError(f"output={cfg.output} writes a corpus from a file: give input=FILE (and chunk_lines >= 1)")
-        about = {"ckpt_path": plain["ckpt_path"]}
+        paths = checkpoint_paths(plain["ckpt_path"])  # which weights: a retrained checkpoint is another model
+        about = {
+            "ckpt_path": plain["ckpt_path"],
+            "ema": cfg.ema,
+            "checkpoints": [[os.path.getsize(p), os.path.getmtime(p)] for p in paths if os.path.isfile(p)],
+        }
         translate_corpus(translator, cfg.input, cfg.output, search, precision, cfg.nbest or 1, cfg.tag, cfg.split,
-                         cfg.chunk_lines, about)  # fmt: skip
+                         cfg.chunk_lines, cfg.min_score, about)  # fmt: skip
         return
     fd = os.open(cfg.input, os.O_RDONLY) if cfg.input else sys.stdin.fileno()
     done = 0  # input lines so far: the nbest lines' index

@@ -18,6 +18,8 @@ MODEL_SIZES = {
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3),
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6),
     "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_encoder_layers=6, n_decoder_layers=6, dropout=0.3),
+    # a distillation student: small's width, 6 encoder layers (run once per sentence), 1 decoder layer (per token)
+    "deep_shallow": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=6, n_decoder_layers=1),
 }
 
 

@@ -1,6 +1,8 @@
 """Translators: a trained model with its tokenizers behind one interface (interface.py), run by PyTorch from a
 training checkpoint (checkpoint.py) or by CTranslate2 from an exported folder (ctranslate2.py)."""
 
+import os
+
 from ..model import RuntimeConfig
 from .checkpoint import CheckpointTranslator
 from .ctranslate2 import CTranslate2Translator, is_export
@@ -13,6 +15,7 @@ __all__ = [
     "SearchConfig",
     "Translator",
     "check_nbest",
+    "checkpoint_paths",
     "is_export",
     "open_translator",
 ]
@@ -43,7 +46,8 @@ def open_translator(path: str | list[str], device: str = "cpu", runtime: Runtime
 
 def checkpoint_paths(path) -> list[str]:
     """ckpt_path as a list of paths: one path, or a non-empty list of them (ckpt_path=[a.ckpt,b.ckpt])."""
-    paths = [path] if isinstance(path, str) else list(path) if isinstance(path, list | tuple) else None
+    paths = [path] if isinstance(path, str | os.PathLike) else list(path) if isinstance(path, list | tuple) else None
+    paths = [os.fspath(p) if isinstance(p, os.PathLike) else p for p in paths or []]
     if not paths or not all(isinstance(p, str) and p for p in paths):
         raise ValueError(f"ckpt_path={path!r} must be a checkpoint's path, or a list of them for an ensemble: [a,b]")
     return paths

@@ -29,6 +29,9 @@ class SearchConfig:
             raise ValueError(f"max_tokens={self.max_tokens} must be positive")
         if self.sampling_topk and self.beam_size != 1:
             raise ValueError(f"sampling_topk={self.sampling_topk} samples one translation: set beam_size=1")
+        if self.temperature != 1.0 and not self.sampling_topk:
+            raise ValueError(f"temperature={self.temperature} applies to sampling: add sampling_topk=-1 (all tokens) "
+                             "or sampling_topk=K")  # fmt: skip
         if self.sampling_topk < -1 or not self.temperature > 0:
             raise ValueError(f"sampling_topk={self.sampling_topk}, temperature={self.temperature}: sampling_topk "
                              "is -1 (all tokens), 0 (no sampling) or k > 0, and temperature is positive")  # fmt: skip

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# From teacher to deployable student (docs/teacher_student.md), de->en on Multi30k:
+#   1. a reverse en->de model; it back-translates the English captions of Multi30k's images (beam, and sampled);
+#   2. de->en teachers: the recipe alone (two seeds, for an ensemble) and with each back-translated corpus, tagged
+#      __bt__, mixed in by each weight of BT_WEIGHTS;
+#   3. the best teacher on val (a single model or the ensemble) translates Multi30k's German and the German
+#      captions with beam search: the distilled corpus;
+#   4. students (model=tiny and model=deep_shallow) trained on the distilled corpus and on the original data;
+#   5. the best single teacher and the students exported to int8 behind the parity gate;
+#   6. every model evaluated (EMA weights, beam 5), one table at the end, with int8 speed on 1 and 2 threads.
+# Every model trains STEPS steps. Each stage skips what is done and resumes what was stopped: run it again after a
+# stop. Extra arguments are Hydra overrides for every training run (a stage's own, such as model=, come after them).
+#
+#   bash scripts/reproduce_teacher_student.sh                        # the recipe's step budget (hours per model on a CPU)
+#   STEPS=1500 OUT=outputs/ts_short bash scripts/reproduce_teacher_student.sh
+#   SPLITS=val bash scripts/reproduce_teacher_student.sh             # while choosing: no test split
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-outputs/teacher_student}
+STEPS=${STEPS:-4738}                     # the recipe's steps in an hour on its machines (docs/results.md)
+MAIN=${MAIN:-data/multi30k}              # the parallel corpus: train, val and the test split
+CAPTIONS=${CAPTIONS:-data/multi30k_captions}  # monolingual: train.{1..5}.{de,en}.gz
+CAPTION_LINES=${CAPTION_LINES:-0}        # 0: every caption; N: the first N of each language (a small run)
+BT_WEIGHTS=${BT_WEIGHTS:-"1.0 0.5"}      # the back-translated corpus's sampling weight; Multi30k's is 1.0
+SPLITS=${SPLITS:-"val test_2016_flickr"}  # scored splits of MAIN; val chooses, the test split reports
+TEST_SPLIT=${TEST_SPLIT:-test_2016_flickr}
+EXPERIMENT=${EXPERIMENT:-multi30k_de_en_cpu}
+EXPORT_ARGS=${EXPORT_ARGS:-}             # extra export overrides
+TRAIN_ARGS=("$@")
+
+train() {  # train NAME OVERRIDES...: the run folder $OUT/NAME, resumed where it stopped, skipped once done
+  local run=$OUT/$1
+  shift
+  [[ -f $run/done ]] && return 0
+  local resume=()
+  [[ -f $run/checkpoints/last.ckpt ]] && resume=(ckpt_path=last)
+  local start=$SECONDS
+  python -m transformer.train "experiment=$EXPERIMENT" "data.path=$MAIN" "data.test_split=$TEST_SPLIT" \
+    "trainer.max_steps=$STEPS" trainer.max_time=null "hydra.run.dir=$run" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} "$@" \
+    ${resume[@]+"${resume[@]}"}
+  echo $((SECONDS - start)) >> "$run/wall_clock_s"
+  touch "$run/done"
+}
+
+evaluate() {  # evaluate NAME CKPT_PATH [OVERRIDES...]: $OUT/eval/NAME/SPLIT/ for each split, EMA weights, beam 5
+  local name=$1 ckpt=$2
+  shift 2
+  for split in $SPLITS; do
+    local dir=$OUT/eval/$name/$split
+    [[ -f $dir/done ]] && continue
+    python -m transformer.evaluate "ckpt_path=$ckpt" ema=true "data.path=$MAIN" "split=$split" beam_size=5 \
+      "hydra.run.dir=$dir" "$@"
+    touch "$dir/done"
+  done
+}
+
+lines() {  # lines FILES...: their lines, the first CAPTION_LINES of them if set
+  ls "$@" > /dev/null  # every file there: the || true below is for head closing the pipe early, not for them
+  if [[ $CAPTION_LINES -gt 0 ]]; then { zcat "$@" || true; } | head -n "$CAPTION_LINES"; else zcat "$@"; fi
+}
+
+ckpt() { echo "$OUT/$1/checkpoints/last.ckpt"; }
+
+mkdir -p "$OUT/input"
+for lang in en de; do
+  if [[ ! -f $OUT/input/captions.$lang.gz ]]; then
+    lines "$CAPTIONS"/train.{1..5}.$lang.gz | gzip > "$OUT/input/captions.$lang.gz.partial"
+    mv "$OUT/input/captions.$lang.gz.partial" "$OUT/input/captions.$lang.gz"
+  fi
+done
+
+# 1. the reverse model and the back-translations
+train reverse data.src=en data.tgt=de
+python -m transformer.translate "ckpt_path=$(ckpt reverse)" ema=true "input=$OUT/input/captions.en.gz" \
+  "output=$OUT/bt_beam" beam_size=5
+python -m transformer.translate "ckpt_path=$(ckpt reverse)" ema=true "input=$OUT/input/captions.en.gz" \
+  "output=$OUT/bt_sampled" beam_size=1 sampling_topk=-1 seed=1
+
+# 2. teachers
+teachers=(base base_seed2)
+train base seed=1
+train base_seed2 seed=2
+for source in beam sampled; do
+  for weight in $BT_WEIGHTS; do
+    name=bt_${source}_w$weight
+    train "$name" "+data.corpora.bt.path=$OUT/bt_$source" +data.corpora.bt.tag=__bt__ \
+      "+data.corpora.bt.weight=$weight"
+    teachers+=("$name")
+  done
+done
+for name in "${teachers[@]}"; do evaluate "$name" "$(ckpt "$name")"; done
+evaluate ensemble "[$(ckpt base),$(ckpt base_seed2)]"
+
+# 3. the distilled corpus, from the best teacher on val
+# chosen once: the distilled corpus is its translation, whatever later runs score
+[[ -f $OUT/teacher ]] || python scripts/teacher_student_table.py "$OUT" --best-teacher > "$OUT/teacher"
+teacher=$(cat "$OUT/teacher")
+echo "teacher: $teacher"
+if [[ $teacher == ensemble ]]; then teacher_ckpt="[$(ckpt base),$(ckpt base_seed2)]"; else teacher_ckpt=$(ckpt "$teacher"); fi
+if [[ ! -f $OUT/input/distill.de.gz ]]; then
+  { zcat "$MAIN/train.de.gz"; zcat "$OUT/input/captions.de.gz"; } | gzip > "$OUT/input/distill.de.gz.partial"
+  mv "$OUT/input/distill.de.gz.partial" "$OUT/input/distill.de.gz"
+fi
+python -m transformer.translate "ckpt_path=$teacher_ckpt" ema=true "input=$OUT/input/distill.de.gz" \
+  "output=$OUT/distilled" beam_size=5
+for split in $(echo "val $SPLITS $TEST_SPLIT" | tr ' ' '\n' | sort -u); do  # its dev and test sets: MAIN's
+  for lang in de en; do
+    [[ -f $MAIN/$split.$lang.gz ]] || { echo "error: $MAIN/$split.$lang.gz is missing; MAIN needs it" >&2; exit 2; }
+    ln -sfn "$(realpath "$MAIN/$split.$lang.gz")" "$OUT/distilled/$split.$lang.gz"
+  done
+done
+
+# 4. students
+for model in tiny deep_shallow; do
+  train "student_${model}_distilled" "model=$model" "data.path=$OUT/distilled"
+  train "student_${model}_original" "model=$model"
+  evaluate "student_${model}_distilled" "$(ckpt "student_${model}_distilled")"
+  evaluate "student_${model}_original" "$(ckpt "student_${model}_original")"
+done
+
+# 5. int8 exports: the best single teacher and the distilled students
+single=$(python scripts/teacher_student_table.py "$OUT" --best-teacher --single)
+for name in "$single" student_tiny_distilled student_deep_shallow_distilled; do
+  [[ -f $OUT/export/$name/model.bin ]] && continue
+  python -m transformer.export "ckpt_path=$(ckpt "$name")" ema=true quantization=int8 "output=$OUT/export/$name" \
+    "parity_input=$MAIN/$TEST_SPLIT.de.gz" "parity_references=$MAIN/$TEST_SPLIT.en.gz" $EXPORT_ARGS
+done
+
+# 6. the table
+python scripts/teacher_student_table.py "$OUT" --speed "$MAIN/$TEST_SPLIT.de.gz" | tee "$OUT/table.md"

@@ -1,0 +1,76 @@
+"""scripts/reproduce_teacher_student.sh end to end at a small scale (1,500 Multi30k pairs, 100 captions, 12 steps per
+model): a reverse model, back-translation (beam and sampled), teachers with and without it, an ensemble, a
+distilled corpus, two students on it and on the original data, int8 exports, the table; run again, it redoes
+nothing."""
+
+import gzip
+import itertools
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .helpers import MULTI30K, ROOT
+from .helpers.prerequisites import require
+
+CAPTIONS = ROOT / "data" / "multi30k_captions"
+
+
+def write_head(source: Path, target: Path, n: int) -> list[str]:
+    with gzip.open(source, "rt", encoding="utf-8") as f:
+        lines = list(itertools.islice(f, n))
+    target.write_bytes(gzip.compress("".join(lines).encode()))
+    return [line.rstrip("\n") for line in lines]
+
+
+@pytest.mark.slow  # 11 trainings, 4 corpus translations, 3 exports in subprocesses: about 5 minutes
+def test_the_pipeline_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path):
+    for folder in (MULTI30K, CAPTIONS):
+        require(folder.is_dir(), str(folder), f'link it: ln -s "$PWD/../shared/data/{folder.name}" data/{folder.name}')
+    main, captions, out = tmp_path / "main", tmp_path / "captions", tmp_path / "out"
+    main.mkdir()
+    captions.mkdir()
+    for split, name, n in (("train", "train", 1500), ("val", "val", 20), ("test_2016_flickr", "test", 20)):
+        for lang in ("de", "en"):
+            write_head(MULTI30K / f"{split}.{lang}.gz", main / f"{name}.{lang}.gz", n)
+    for k, lang in itertools.product(range(1, 6), ("de", "en")):
+        write_head(CAPTIONS / f"train.{k}.{lang}.gz", captions / f"train.{k}.{lang}.gz", 30)
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "STEPS": "12",
+        "MAIN": str(main),
+        "CAPTIONS": str(captions),
+        "CAPTION_LINES": "100",
+        "SPLITS": "val test",
+        "TEST_SPLIT": "test",
+        "BT_WEIGHTS": "1.0",
+        "EXPORT_ARGS": "bleu_tolerance=100 parity_sentences=20",
+    }  # a model of 12 steps: the gate's rule aside
+    args = [f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=1000", "data.max_tokens=600", "model.d_model=64",
+            "model.d_ff=128", "trainer.enable_progress_bar=false"]  # fmt: skip
+    script = str(ROOT / "scripts" / "reproduce_teacher_student.sh")
+    run = subprocess.run(["bash", script, *args], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = (out / "table.md").read_text()
+    models = ["reverse", "base", "base_seed2", "bt_beam_w1.0", "bt_sampled_w1.0", "student_tiny_distilled",
+              "student_tiny_original", "student_deep_shallow_distilled", "student_deep_shallow_original"]  # fmt: skip
+    for name in [m for m in models if m != "reverse"] + ["ensemble"]:
+        assert f"| {name} | " in table, name
+    for name in models:
+        assert (out / name / "done").exists(), name
+    for corpus, lines in (("bt_beam", 100), ("bt_sampled", 100), ("distilled", 1500 + 100)):
+        with gzip.open(out / corpus / "train.en.gz", "rt") as f:
+            assert len(f.read().splitlines()) == lines, corpus
+    teacher = (out / "teacher").read_text().strip()
+    assert f"| {teacher} | " in table and "| student_deep_shallow_distilled | " in table.split("| int8 export |")[1]
+    with gzip.open(out / "distilled" / "train.de.gz", "rt") as f:  # Multi30k's German, then the captions'
+        with gzip.open(main / "train.de.gz", "rt") as m:
+            assert f.read().splitlines()[:1500] == m.read().splitlines()
+    written = {path: path.stat().st_mtime_ns for path in out.rglob("*") if path.is_file() and "table" not in path.name}
+    again = subprocess.run(["bash", script, *args], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    changed = [str(p) for p, t in written.items() if not p.exists() or p.stat().st_mtime_ns != t]
+    assert not changed and "nothing to translate" in again.stderr, changed[:5]  # no checkpoint, corpus or score
+    assert (out / "table.md").read_text().split("The int8 exports")[0] == table.split("The int8 exports")[0]
