@@ -130,3 +130,14 @@ def test_min_score_leaves_out_the_pairs_scored_below_it_and_counts_them(corpus, 
     assert record["pairs"] == len(want) and record["dropped_below_min_score"] == 50 - len(want)
     with pytest.raises(ValueError, match=r"^min_score=-1.0 filters by beam search's scores; greedy search"):
         translate_corpus(translator, path, str(tmp_path / "x"), SAMPLING, "32", min_score=-1.0)
+
+
+def test_sampling_never_draws_the_tokens_it_is_told_not_to():
+    import torch
+
+    from transformer.decoding import sampled_token
+
+    logits = torch.tensor([[9.0, 9.0, 0.0, 1.0]]).repeat(200, 1)  # (200, 4): pad and BOS the most likely by far
+    draw = sampled_token(-1, 1.0, torch.Generator().manual_seed(0), never=(0, 1))
+    tokens = draw(logits)
+    assert set(tokens.tolist()) == {2, 3} and sampled_token(1, 1.0, torch.Generator(), (0,))(logits).eq(1).all()

@@ -8,14 +8,18 @@ import torch
 from torch import Tensor
 
 
-def sampled_token(topk: int, temperature: float, generator: torch.Generator) -> Callable[[Tensor], Tensor]:
+def sampled_token(topk: int, temperature: float, generator: torch.Generator,
+                  never: tuple[int, ...] = ()) -> Callable[[Tensor], Tensor]:  # fmt: skip
     """logits (n, V) -> a token per row (n,), drawn from softmax(logits / temperature) over the row's `topk` most
-    likely tokens (topk=-1: over all of them)."""
+    likely tokens (topk=-1: over all of them), never one of `never` (pad, BOS: tokens no translation holds, which an
+    undertrained model still gives some probability)."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be positive")
 
     def draw(logits: Tensor) -> Tensor:
         scaled = logits.float() / temperature  # (n, V)
+        if never:
+            scaled[:, list(never)] = float("-inf")
         if topk > 0:
             values, tokens = scaled.topk(min(topk, scaled.size(-1)), dim=-1)  # (n, k) each
             picked = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)  # (n, 1)

@@ -140,7 +140,8 @@ class CheckpointTranslator:
     def _search(self, src: torch.Tensor, search: SearchConfig, nbest: int = 1, generator=None):
         bos, eos = self.tgt_tokenizer.bos_id, self.tgt_tokenizer.eos_id
         if search.beam_size == 1:  # the same function as validation, so that scores match it (unscored)
-            draw = sampled_token(search.sampling_topk, search.temperature, generator) if generator else None
+            never = (self.model.pad_id, bos)
+            draw = sampled_token(search.sampling_topk, search.temperature, generator, never) if generator else None
             found = greedy_search(self.model, src, bos, eos, search.max_len_a, search.max_len_b, search.use_cache,
                                   draw)  # fmt: skip
             return [[Hypothesis(tokens, float("nan"))] for tokens in found]
