@@ -7,7 +7,6 @@ clients on the others, so that the load generator does not take the server's CPU
 """
 
 import argparse
-import gzip
 import http.client
 import json
 import os
@@ -16,14 +15,13 @@ import threading
 import time
 from pathlib import Path
 
+from transformer.data.sources import read_lines
 from transformer.serve.process import start_server
 from transformer.translators import SearchConfig, open_translator
 
 
-def read_lines(path: str) -> list[str]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.strip() for line in f if line.strip()]
+def read_sentences(path: str) -> list[str]:
+    return [line.strip() for line in read_lines(Path(path)) if line.strip()]
 
 
 def load(port: int, sentences: list[str], pair: tuple[str, str], clients: int, seconds: float | None,
@@ -91,7 +89,7 @@ def main() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     server_cpus = set(cpu_list(args.server_cpus)) if args.server_cpus else set(cpus[: max(1, len(cpus) // 2)])
     client_cpus = set(cpus) - server_cpus or server_cpus
-    sentences = read_lines(args.sentences)
+    sentences = read_sentences(args.sentences)
     os.sched_setaffinity(0, server_cpus)  # the peer on the server's cores, with as many threads
     translator = open_translator(args.model, threads=len(server_cpus))
     pair = translator.data["src"], translator.data["tgt"]

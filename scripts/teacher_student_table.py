@@ -7,12 +7,12 @@ its BLEU and chrF++ on each split scored (EMA weights, beam 5), and, with --spee
 """
 
 import argparse
-import gzip
 import json
 import statistics
 import time
 from pathlib import Path
 
+from transformer.data.sources import read_lines
 from transformer.training.resume import load_checkpoint
 
 TEACHERS = ("base", "base_seed2", "ensemble")  # and bt_*
@@ -71,9 +71,7 @@ def main() -> None:
         cells = [f"{by_split[s]['bleu']:.2f} | {by_split[s]['chrf']:.2f}" if s in by_split else "|" for s in splits]
         print(f"| {name} | {' + '.join(steps)} | {' + '.join(minutes)} | " + " | ".join(cells) + " |")
     if args.speed:
-        opener = gzip.open if args.speed.endswith(".gz") else open
-        with opener(args.speed, "rt", encoding="utf-8") as f:
-            sources = [line.rstrip("\n") for line in f]
+        sources = read_lines(Path(args.speed))
         print(f"\nThe int8 exports on {len(sources)} sentences of {args.speed}, beam 5, median of 3 passes:\n")
         print("| int8 export | sentences/s, 1 thread | 2 threads |")
         print("|---|---:|---:|")

@@ -11,20 +11,13 @@ import math
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
+from .data.sources import stream_lines
 from .translators import SearchConfig, Translator
-
-
-def read_lines(path: str) -> Iterator[str]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace", newline="\n") as f:
-        for line in f:
-            yield line.removesuffix("\n").removesuffix("\r")
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -64,11 +57,11 @@ def translate_corpus(translator: Translator, input_path: str, output: str, searc
     check_settings(parts / "settings.json", settings, "holds chunks translated")
     parts.mkdir(parents=True, exist_ok=True)
     write_atomically(parts / "settings.json", json.dumps(settings, indent=2) + "\n")
-    total = sum(1 for _ in read_lines(input_path))
+    total = sum(map(len, stream_lines(source)))  # read as corpora are: only \n ends a line
     chunks = math.ceil(total / chunk_lines)
     done = sum(min(chunk_lines, total - i * chunk_lines) for i in range(chunks) if part_of(parts, i).exists())
     start = time.monotonic()
-    lines = read_lines(input_path)
+    lines = itertools.chain.from_iterable(stream_lines(source))
     with tqdm(total=total, initial=done, unit=" lines", file=sys.stderr, desc=f"translating {source.name}") as bar:
         for index in range(chunks):
             chunk = list(itertools.islice(lines, chunk_lines))

@@ -44,8 +44,8 @@ def main(cfg: DictConfig) -> None:
     if cfg.nbest is not None:
         check_nbest(cfg.nbest, search)  # before any input is read
     if cfg.output is not None:
-        if not cfg.input or cfg.chunk_lines < 1:
-            raise ValueError(f"output={cfg.output} writes a corpus from a file: give input=FILE (and chunk_lines >= 1)")
+        if not cfg.input:
+            raise ValueError(f"output={cfg.output} writes a corpus from a file: give input=FILE")
         paths = checkpoint_paths(plain["ckpt_path"])  # which weights: a retrained checkpoint is another model
         about = {
             "ckpt_path": plain["ckpt_path"],
