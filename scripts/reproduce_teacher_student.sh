@@ -6,7 +6,8 @@
 #   3. the best teacher on val (a single model or the ensemble) translates Multi30k's German and the German
 #      captions with beam search: the distilled corpus;
 #   4. students (model=tiny and model=deep_shallow) trained on the distilled corpus and on the original data;
-#   5. the best single teacher and the students exported to int8 behind the parity gate;
+#   5. the best single teacher and the distilled students exported to int8 behind the parity gate, each plain and
+#      with a lexical shortlist (vmap.txt) from its own training pairs;
 #   6. every model evaluated (EMA weights, beam 5), one table at the end, with int8 speed on 1 and 2 threads.
 # Every model trains STEPS steps. Each stage skips what is done and resumes what was stopped: run it again after a
 # stop. Extra arguments are Hydra overrides for every training run (a stage's own, such as model=, come after them).
@@ -77,7 +78,9 @@ python -m transformer.translate "ckpt_path=$(ckpt reverse)" ema=true "input=$OUT
   "output=$OUT/bt_sampled" beam_size=1 sampling_topk=-1 seed=1
 
 # 2. teachers
-teachers=(base base_seed2)
+members=(base base_seed2)  # the ensemble's, named once: the table reads them from $OUT/ensemble_members
+[[ $(cat "$OUT/ensemble_members" 2> /dev/null) == "${members[*]}" ]] || echo "${members[*]}" > "$OUT/ensemble_members"
+teachers=("${members[@]}")
 train base seed=1
 train base_seed2 seed=2
 for source in beam sampled; do
@@ -89,14 +92,17 @@ for source in beam sampled; do
   done
 done
 for name in "${teachers[@]}"; do evaluate "$name" "$(ckpt "$name")"; done
-evaluate ensemble "[$(ckpt base),$(ckpt base_seed2)]"
+paths=()
+for member in "${members[@]}"; do paths+=("$(ckpt "$member")"); done
+ensemble_ckpt="[$(IFS=,; echo "${paths[*]}")]"
+evaluate ensemble "$ensemble_ckpt"
 
 # 3. the distilled corpus, from the best teacher on val
 # chosen once: the distilled corpus is its translation, whatever later runs score
 [[ -f $OUT/teacher ]] || python scripts/teacher_student_table.py "$OUT" --best-teacher > "$OUT/teacher"
 teacher=$(cat "$OUT/teacher")
 echo "teacher: $teacher"
-if [[ $teacher == ensemble ]]; then teacher_ckpt="[$(ckpt base),$(ckpt base_seed2)]"; else teacher_ckpt=$(ckpt "$teacher"); fi
+if [[ $teacher == ensemble ]]; then teacher_ckpt=$ensemble_ckpt; else teacher_ckpt=$(ckpt "$teacher"); fi
 if [[ ! -f $OUT/input/distill.de.gz ]]; then
   { zcat "$MAIN/train.de.gz"; zcat "$OUT/input/captions.de.gz"; } | gzip > "$OUT/input/distill.de.gz.partial"
   mv "$OUT/input/distill.de.gz.partial" "$OUT/input/distill.de.gz"
@@ -118,12 +124,16 @@ for model in tiny deep_shallow; do
   evaluate "student_${model}_original" "$(ckpt "student_${model}_original")"
 done
 
-# 5. int8 exports: the best single teacher and the distilled students
+# 5. int8 exports of the best single teacher and the distilled students, plain and shortlisted (NAME_shortlist)
 single=$(python scripts/teacher_student_table.py "$OUT" --best-teacher --single)
 for name in "$single" student_tiny_distilled student_deep_shallow_distilled; do
-  [[ -f $OUT/export/$name/model.bin ]] && continue
-  python -m transformer.export "ckpt_path=$(ckpt "$name")" ema=true quantization=int8 "output=$OUT/export/$name" \
-    "parity_input=$MAIN/$TEST_SPLIT.de.gz" "parity_references=$MAIN/$TEST_SPLIT.en.gz" $EXPORT_ARGS
+  for shortlist in false true; do
+    folder=$OUT/export/$name
+    [[ $shortlist == true ]] && folder+=_shortlist
+    [[ -f $folder/model.bin ]] && continue
+    python -m transformer.export "ckpt_path=$(ckpt "$name")" ema=true quantization=int8 "shortlist=$shortlist" \
+      "output=$folder" "parity_input=$MAIN/$TEST_SPLIT.de.gz" "parity_references=$MAIN/$TEST_SPLIT.en.gz" $EXPORT_ARGS
+  done
 done
 
 # 6. the table

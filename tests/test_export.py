@@ -130,7 +130,7 @@ def gate(quantization: str, identical: int, bleu_gap: float | None, tolerance: f
     """The gate's verdict on 1000 sentences of which `identical` decode alike, the export's BLEU `bleu_gap` from
     the checkpoint's 30.0 (None: no references)."""
     bleu = (None, None) if bleu_gap is None else (30.0, 30.0 + bleu_gap)
-    return Parity("greedy", 1000, identical, *bleu, None, []).failure(quantization, tolerance)
+    return Parity("greedy", 1000, identical, *bleu, None, []).failure(quantization == "float32", tolerance)
 
 
 def test_the_gate_passes_float32_from_99_percent_identical_and_bleu_within_0_1():
@@ -262,6 +262,58 @@ def test_a_float32_export_that_decodes_differently_fails_exits_1_and_names_the_s
         f"identical, under 99% (first differing sentences: {differing}); it is in {tmp_path / 'ct2.failed'}, not "
         "deployed"
     ]
+
+
+def test_a_shortlist_holds_the_most_frequent_targets_and_each_source_piece_s_best_partners_by_dice():
+    from transformer.export.shortlist import shortlist
+
+    # source 4 always comes with target 7, source 5 with 8; target 9 is in every pair, so it is frequent but no one's
+    # partner; source 6 comes once, with 7 and 9 (Dice 2/4 and 2/5); a pair with an empty side counts for its other side alone
+    sources = [[4, 4], [4, 5], [5], [6], [], [5]]
+    targets = [[7, 9], [7, 8, 9], [8, 9], [7, 9], [8], []]
+    fixed, per = shortlist(sources, targets, 10, frequent=3, per_source=2)
+    assert fixed == [9, 7, 8]  # by pairs: 4, 3, 3 (a tie: the lower id first); ids in no pair never
+    assert per == {4: [7, 9], 5: [8, 9], 6: [7, 9]}
+    assert shortlist(sources, targets, 10, frequent=1, per_source=1) == ([9], {4: [7], 5: [8], 6: [7]})
+
+
+def test_a_shortlisted_export_is_gated_on_bleu_and_its_translations_use_only_the_shortlist(trained, tmp_path):
+    import json
+
+    from transformer.export.__main__ import export
+    from transformer.translators import CTranslate2Translator
+    from transformer.translators.ctranslate2 import ctranslate2_nbest
+
+    tmp, _, checkpoint = trained
+    references = {"parity_input": str(tmp / "c" / "val.de"), "parity_references": str(tmp / "c" / "val.en")}
+    # float32, yet gated on BLEU alone: a shortlist may change hypotheses (on 48 sentences, BLEU by a point)
+    folder, failure = export(export_config(checkpoint, tmp_path / "ct2", shortlist=True, bleu_tolerance=100.0,
+                                           **references))  # fmt: skip
+    card = json.loads((folder / "model_card.json").read_text())
+    assert failure is None and card["shortlist"] == {"pairs": 48, "corpus": str(tmp / "c"), "frequent": 100,
+                                                     "per_source": 20}  # fmt: skip
+    translator = CheckpointTranslator.from_path(str(checkpoint))
+    src, tgt = translator.src_tokenizer.sp, translator.tgt_tokenizer.sp
+    for line in (folder / "vmap.txt").read_text().splitlines()[1:]:  # every source piece of the training pairs
+        key, candidates = line.split("\t")
+        assert src.piece_to_id(key) != src.unk_id() and len(candidates.split()) <= 20
+    # a shortlist that lets every source piece become one target piece alone: the folder's translator finds
+    # nothing else (CTranslate2 always allows unk, BOS and EOS), so translate and evaluate decode with it
+    only = 10
+    (folder / "vmap.txt").write_text("".join(f"{src.id_to_piece(i)}\t{tgt.id_to_piece(only)}\n"
+                                             for i in range(src.get_piece_size())))  # fmt: skip
+    exported_folder = CTranslate2Translator(folder)
+    ids = translator.src_tokenizer.encode((tmp / "c" / "val.de").read_text().splitlines()[:5])
+    found = ctranslate2_nbest(exported_folder.engine, *exported_folder.pieces, ids, SearchConfig(beam_size=2),
+                              exported_folder.eos_piece, 1, exported_folder.use_vmap)  # fmt: skip
+    decoded = {i for hyps in found for _, tokens in hyps for i in tokens}
+    assert exported_folder.use_vmap and decoded <= {only, tgt.unk_id(), tgt.bos_id()}
+    for changes, message in (
+        ({"parity_input": references["parity_input"]}, "shortlist=true is gated on BLEU: give parity_references"),
+        ({"shortlist_per_source": 0}, "shortlist_per_source=0 must be at least 1"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            export(export_config(checkpoint, tmp_path / "bad", shortlist=True, **changes))
 
 
 @pytest.mark.slow  # subprocesses

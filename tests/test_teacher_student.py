@@ -1,6 +1,6 @@
 """scripts/reproduce_teacher_student.sh end to end at a small scale (1,500 Multi30k pairs, 100 captions, 12 steps per
 model): a reverse model, back-translation (beam and sampled), teachers with and without it, an ensemble, a
-distilled corpus, two students on it and on the original data, int8 exports, the table; run again, it redoes
+distilled corpus, two students on it and on the original data, int8 exports with and without a shortlist, the table; run again, it redoes
 nothing."""
 
 import gzip
@@ -24,7 +24,7 @@ def write_head(source: Path, target: Path, n: int) -> list[str]:
     return [line.rstrip("\n") for line in lines]
 
 
-@pytest.mark.slow  # 11 trainings, 4 corpus translations, 3 exports in subprocesses: about 5 minutes
+@pytest.mark.slow  # 11 trainings, 4 corpus translations, 6 exports in subprocesses: about 5 minutes
 def test_the_pipeline_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path):
     for folder in (MULTI30K, CAPTIONS):
         require(folder.is_dir(), str(folder), f'link it: ln -s "$PWD/../shared/data/{folder.name}" data/{folder.name}')
@@ -64,7 +64,11 @@ def test_the_pipeline_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path):
         with gzip.open(out / corpus / "train.en.gz", "rt") as f:
             assert len(f.read().splitlines()) == lines, corpus
     teacher = (out / "teacher").read_text().strip()
-    assert f"| {teacher} | " in table and "| student_deep_shallow_distilled | " in table.split("| int8 export |")[1]
+    assert f"| {teacher} | " in table
+    exports = [line.split(" | ")[0][2:] for line in table.split("| int8 export |")[1].splitlines()[2:] if line]
+    plain = [name for name in exports if not name.endswith("_shortlist")]  # each twice: plain and shortlisted
+    assert len(exports) == 6 and sorted(exports) == sorted(plain + [f"{name}_shortlist" for name in plain])
+    assert {"student_tiny_distilled", "student_deep_shallow_distilled"} < set(plain)
     with gzip.open(out / "distilled" / "train.de.gz", "rt") as f:  # Multi30k's German, then the captions'
         with gzip.open(main / "train.de.gz", "rt") as m:
             assert f.read().splitlines()[:1500] == m.read().splitlines()

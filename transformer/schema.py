@@ -105,7 +105,10 @@ class ExportConfig:
     parity_references: str | None = None  # parity_input's references (BLEU); a quantized export needs them
     parity_sentences: int = 1000  # the first N sentences, decoded by both engines
     ema: bool = False  # export the weights' moving average (a checkpoint trained with optim.ema_decay)
-    bleu_tolerance: float = 0.5  # a quantized export's BLEU may differ by this much from the checkpoint's
+    bleu_tolerance: float = 0.5  # a quantized or shortlisted export's BLEU may be this far from the checkpoint's
+    shortlist: bool = False  # a lexical shortlist (vmap.txt) from the training pairs: outputs use only its pieces
+    shortlist_frequent: int = 100  # the shortlist's target pieces that every sentence may use: the most frequent
+    shortlist_per_source: int = 20  # and those each source piece adds: its best partners by Dice over the pairs
     # the gate's beam search (greedy is always checked too); beam_size=1: greedy only
     beam_size: int = SearchConfig.beam_size
     length_penalty: float = SearchConfig.length_penalty

@@ -15,8 +15,10 @@ from ..data import load_corpus
 from ..data.sources import file_sha256
 from ..evaluate import data_config
 from ..translators import CheckpointTranslator, SearchConfig
+from ..translators.ctranslate2 import VMAP_FILE
 from .folder import convert, put_in_place, staging
 from .parity import gate_searches, parity
+from .shortlist import shortlist, write_vmap
 from .spec import checkpoint_spec
 
 
@@ -38,6 +40,10 @@ def parity_sentences(
     tag to put before each): parity_input's lines (and parity_references'), or the checkpoint's test split."""
     if cfg.parity_sentences < 1:
         raise ValueError(f"parity_sentences={cfg.parity_sentences} must be at least 1")
+    if cfg.shortlist and cfg.shortlist_per_source < 1:
+        raise ValueError(f"shortlist_per_source={cfg.shortlist_per_source} must be at least 1")
+    if cfg.shortlist and cfg.shortlist_frequent < 0:
+        raise ValueError(f"shortlist_frequent={cfg.shortlist_frequent} must be at least 0")
     if cfg.parity_input is None:
         if cfg.parity_references is not None:
             raise ValueError(
@@ -50,15 +56,43 @@ def parity_sentences(
         return data.test_split, list(test["src"][:n]), list(test["tgt"][:n]), corpus.tag
     sources = read_lines(cfg.parity_input, "parity_input")[: cfg.parity_sentences]
     if cfg.parity_references is None:
-        if cfg.quantization != "float32":
-            raise ValueError(f"quantization={cfg.quantization} is gated on BLEU: give parity_references=FILE, the "
-                             f"references of parity_input={cfg.parity_input}")  # fmt: skip
+        if not exact_export(cfg):
+            setting = "shortlist=true" if cfg.shortlist else f"quantization={cfg.quantization}"
+            raise ValueError(f"{setting} is gated on BLEU: give parity_references=FILE, the references of "
+                             f"parity_input={cfg.parity_input}")  # fmt: skip
         return cfg.parity_input, sources, None, None
     references = read_lines(cfg.parity_references, "parity_references")[: cfg.parity_sentences]
     if len(references) != len(sources):
         raise ValueError(f"parity_references={cfg.parity_references} has {len(references)} lines where "
                          f"parity_input={cfg.parity_input} has {len(sources)}; give line-aligned files")  # fmt: skip
     return cfg.parity_input, sources, references, None
+
+
+def exact_export(cfg: DictConfig) -> bool:
+    """Whether the export computes what the checkpoint computes (gated on identical hypotheses), or approximates
+    it (int8, a shortlist: gated on BLEU)."""
+    return cfg.quantization == "float32" and not cfg.shortlist
+
+
+def shortlist_file(cfg: DictConfig, translator: CheckpointTranslator, folder: Path) -> dict | None:
+    """With cfg.shortlist, folder/vmap.txt from the training pairs of the checkpoint's main corpus; what the model
+    card records of it."""
+    if not cfg.shortlist:
+        return None
+    data = data_config(translator.data, {})
+    corpus = data.all_corpora()[data.main_name]
+    train = load_corpus(corpus, data.src, data.tgt, data.cache_dir)[0]["train"]
+    src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
+    vocab_size = max(src.vocab_size, tgt.vocab_size)
+    fixed, per_source = shortlist(src.encode(list(train["src"])), tgt.encode(list(train["tgt"])), vocab_size,
+                                  cfg.shortlist_frequent, cfg.shortlist_per_source)  # fmt: skip
+    write_vmap(folder / VMAP_FILE, fixed, per_source, src.pieces(), tgt.pieces())
+    return {
+        "pairs": len(train),
+        "corpus": corpus.path,
+        "frequent": cfg.shortlist_frequent,
+        "per_source": cfg.shortlist_per_source,
+    }
 
 
 def _build_and_check(cfg: DictConfig, translator: CheckpointTranslator, tmp: Path, output: Path):
@@ -70,15 +104,17 @@ def _build_and_check(cfg: DictConfig, translator: CheckpointTranslator, tmp: Pat
     built = convert(checkpoint_spec(translator), tmp, cfg.quantization)
     (built / "source.spm.model").write_bytes(src.sp.serialized_model_proto())
     (built / "target.spm.model").write_bytes(tgt.sp.serialized_model_proto())
+    shortlisted = shortlist_file(cfg, translator, built)
 
     engine = ctranslate2.Translator(str(built), device="cpu", compute_type=cfg.quantization)
     searches = gate_searches(SearchConfig.pick(cfg))
-    results = [parity(translator, engine, sources, references, search, tag) for search in searches]
+    results = [parity(translator, engine, sources, references, search, tag, use_vmap=cfg.shortlist)
+               for search in searches]  # fmt: skip
     del engine
-    failure = next(filter(None, (r.failure(cfg.quantization, cfg.bleu_tolerance) for r in results)), None)
+    failure = next(filter(None, (r.failure(exact_export(cfg), cfg.bleu_tolerance) for r in results)), None)
     card = {
         "checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint).hexdigest(), "ema": cfg.ema,
-        "quantization": cfg.quantization,
+        "quantization": cfg.quantization, "shortlist": shortlisted,
         "model": asdict(translator.model_config), "data": translator.data,
         "parity": {"input": name, "searches": [asdict(r) for r in results], "passed": failure is None, "failure": failure},
     }  # fmt: skip

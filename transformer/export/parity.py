@@ -18,10 +18,10 @@ class Parity:
     signature: str | None
     first_different: list[int]  # indices of the first sentences that differ
 
-    def failure(self, quantization: str, bleu_tolerance: float) -> str | None:
-        """Why this export fails the gate, or None. float32 is the same model: at least 99% of hypotheses identical
-        and BLEU within 0.1; a quantized one: BLEU within bleu_tolerance (its hypotheses may differ)."""
-        exact = quantization == "float32"
+    def failure(self, exact: bool, bleu_tolerance: float) -> str | None:
+        """Why this export fails the gate, or None. An exact one (float32, every target piece) is the same model: at
+        least 99% of hypotheses identical and BLEU within 0.1; a quantized or shortlisted one: BLEU within
+        bleu_tolerance (its hypotheses may differ)."""
         limit = 0.1 if exact else bleu_tolerance
         if exact and 100 * self.identical < 99 * self.sentences:  # in integers: 990 of 1000 is 99%, exactly
             return f"{self.search}: {self.identical} of {self.sentences} hypotheses identical, under 99%"
@@ -39,12 +39,14 @@ def gate_searches(search: SearchConfig) -> list[SearchConfig]:
 
 
 def parity(translator: CheckpointTranslator, engine, sources: list[str], references: list[str] | None,
-           search: SearchConfig, tag: str | None = None) -> Parity:  # fmt: skip
-    """Both engines decode `sources` with the same search settings and max-length rule."""
+           search: SearchConfig, tag: str | None = None, use_vmap: bool = False) -> Parity:  # fmt: skip
+    """Both engines decode `sources` with the same search settings and max-length rule (the export with its
+    shortlist if use_vmap)."""
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     ids = src.encode(sources, tag)
     ours = [h[0].tokens if h else [] for h in translator.search(ids, search)]
-    theirs = ctranslate2_search(engine, src.pieces(), tgt.pieces(), ids, search, tgt.sp.id_to_piece(tgt.eos_id))
+    theirs = ctranslate2_search(engine, src.pieces(), tgt.pieces(), ids, search, tgt.sp.id_to_piece(tgt.eos_id),
+                                use_vmap)  # fmt: skip
     name = "greedy" if search.beam_size == 1 else f"beam {search.beam_size}, length_penalty {search.length_penalty}"
     bleu = BLEU()
     scores = [None, None] if references is None else [bleu.corpus_score(tgt.decode(h), [references]).score

@@ -10,19 +10,22 @@ from pathlib import Path
 from ..data.tokenizer import SentencePiece
 from .interface import check_nbest, decoded_nbest
 
+VMAP_FILE = "vmap.txt"  # a folder's shortlist (transformer/export/shortlist.py), which CTranslate2 loads itself
+
 
 def is_export(path: str | Path) -> bool:
     return (Path(path) / "model.bin").is_file() and (Path(path) / "model_card.json").is_file()
 
 
 def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search,
-                       eos_piece: str) -> list[list[int]]:  # fmt: skip
+                       eos_piece: str, use_vmap: bool = False) -> list[list[int]]:  # fmt: skip
     """The best hypothesis's token ids per source (ids without EOS): ctranslate2_nbest's first."""
-    return [hyps[0][1] for hyps in ctranslate2_nbest(engine, src_pieces, tgt_pieces, sources, search, eos_piece, 1)]
+    found = ctranslate2_nbest(engine, src_pieces, tgt_pieces, sources, search, eos_piece, 1, use_vmap)
+    return [hyps[0][1] for hyps in found]
 
 
 def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search,
-                      eos_piece: str, nbest: int) -> list[list[tuple[float, list[int]]]]:  # fmt: skip
+                      eos_piece: str, nbest: int, use_vmap: bool = False) -> list[list[tuple[float, list[int]]]]:  # fmt: skip
     """The nbest best hypotheses per source, (score, token ids without EOS), each decoded with SearchConfig `search` and
     its max-length rule, int(a * (source tokens + EOS) + b). As in our search, EOS may come first
     (min_decoding_length=0) and counts in the length that normalises scores (return_end_token). CTranslate2 stops a
@@ -33,7 +36,7 @@ def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sour
     search depends on its limit only if it reaches it: the search ends on the step its K-th hypothesis finishes,
     and among the K hypotheses returned, the longest (EOS included) finished on that step. A sentence whose
     longest is shorter than its own limit decoded as it would have under it; the few others decode again, one call
-    per limit."""
+    per limit. use_vmap: each batch's outputs restricted to its shortlist (the folder's vmap.txt)."""
     limits = [int(search.max_len_a * (len(s) + 1) + search.max_len_b) for s in sources]
     found: list[list[tuple[float, list[int]]]] = [[] for _ in sources]
     tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
@@ -50,7 +53,7 @@ def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sour
             [[src_pieces[t] for t in sources[i]] for i in group], beam_size=search.beam_size,
             num_hypotheses=search.beam_size, length_penalty=search.length_penalty, max_decoding_length=max_length,
             min_decoding_length=0, return_end_token=True, return_scores=True, max_batch_size=8192, batch_type="tokens",
-            **sampling,
+            use_vmap=use_vmap, **sampling,
         )  # fmt: skip
         again = []
         for i, result in zip(group, results):
@@ -82,6 +85,7 @@ class CTranslate2Translator:
         self.tgt_tokenizer = SentencePiece(folder / "target.spm.model")
         self.pieces = self.src_tokenizer.pieces(), self.tgt_tokenizer.pieces()
         self.eos_piece = self.pieces[1][self.tgt_tokenizer.eos_id]
+        self.use_vmap = (folder / VMAP_FILE).is_file()  # exported with shortlist=true
         self.data, self.quantization = card["data"], card["quantization"]
         self.trained_precision = "32"  # the folder's own compute type decides; precision= does not apply
         self.max_source_tokens = card["model"]["max_positions"] - 1  # one position for EOS
@@ -96,5 +100,5 @@ class CTranslate2Translator:
         """As Translator.translate_nbest."""
         check_nbest(nbest, search)
         ids = self.src_tokenizer.encode(texts, tag)
-        found = ctranslate2_nbest(self.engine, *self.pieces, ids, search, self.eos_piece, nbest)
+        found = ctranslate2_nbest(self.engine, *self.pieces, ids, search, self.eos_piece, nbest, self.use_vmap)
         return decoded_nbest(self.tgt_tokenizer, texts, found)
