@@ -103,7 +103,9 @@ def measure(args) -> dict:
         exported = CTranslate2Translator(decoder, threads=threads)
 
         def run(todo):
-            return ctranslate2_search(exported.engine, *exported.pieces, todo, search, exported.eos_piece)
+            return ctranslate2_search(
+                exported.engine, *exported.pieces, todo, search, exported.eos_piece, exported.use_vmap
+            )  # a shortlisted folder decodes with its shortlist
 
     seconds, found = timed(run, sources, sources[:16], reps)
     return {
