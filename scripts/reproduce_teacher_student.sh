@@ -35,11 +35,18 @@ train() {  # train NAME OVERRIDES...: the run folder $OUT/NAME, resumed where it
   [[ -f $run/done ]] && return 0
   local resume=()
   [[ -f $run/checkpoints/last.ckpt ]] && resume=(ckpt_path=last)
+  if [[ -f $run/wall_clock_s.start && ${#resume[@]} -gt 0 ]]; then  # a start that was killed: its seconds up to
+    local kept=$(($(stat -c %Y "$run/checkpoints/last.ckpt") - $(cat "$run/wall_clock_s.start")))  # its last save
+    if ((kept > 0)); then echo "$kept" >> "$run/wall_clock_s"; fi
+  fi
+  mkdir -p "$run"
+  date +%s > "$run/wall_clock_s.start"
   local start=$SECONDS
   python -m transformer.train "experiment=$EXPERIMENT" "data.path=$MAIN" "data.test_split=$TEST_SPLIT" \
     "trainer.max_steps=$STEPS" trainer.max_time=null "hydra.run.dir=$run" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} "$@" \
     ${resume[@]+"${resume[@]}"}
   echo $((SECONDS - start)) >> "$run/wall_clock_s"
+  rm "$run/wall_clock_s.start"
   touch "$run/done"
 }
 
