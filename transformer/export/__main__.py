@@ -24,6 +24,10 @@ from .spec import checkpoint_spec
 
 def export(cfg: DictConfig) -> tuple[Path, str | None]:
     """The export folder and why it failed the gate (None: it passed and is in place at `output`)."""
+    if cfg.shortlist and cfg.shortlist_per_source < 1:
+        raise ValueError(f"shortlist_per_source={cfg.shortlist_per_source} must be at least 1")
+    if cfg.shortlist and cfg.shortlist_frequent < 0:
+        raise ValueError(f"shortlist_frequent={cfg.shortlist_frequent} must be at least 0")
     translator = CheckpointTranslator.from_path(cfg.ckpt_path, ema=cfg.ema)
     output = Path(cfg.output or Path(cfg.ckpt_path).parent.parent / "export" / cfg.quantization)
     tmp = staging(output)
@@ -40,18 +44,13 @@ def parity_sentences(
     tag to put before each): parity_input's lines (and parity_references'), or the checkpoint's test split."""
     if cfg.parity_sentences < 1:
         raise ValueError(f"parity_sentences={cfg.parity_sentences} must be at least 1")
-    if cfg.shortlist and cfg.shortlist_per_source < 1:
-        raise ValueError(f"shortlist_per_source={cfg.shortlist_per_source} must be at least 1")
-    if cfg.shortlist and cfg.shortlist_frequent < 0:
-        raise ValueError(f"shortlist_frequent={cfg.shortlist_frequent} must be at least 0")
     if cfg.parity_input is None:
         if cfg.parity_references is not None:
             raise ValueError(
                 "parity_references is given without parity_input; give both, or neither for the test split"
             )
-        data = data_config(translator.data, {})  # the checkpoint's test split, with its references
-        corpus = data.all_corpora()[data.main_name]
-        test = load_corpus(corpus, data.src, data.tgt, data.cache_dir)[0][data.test_split]
+        data, corpus, splits = main_corpus(translator)  # the checkpoint's test split, with its references
+        test = splits[data.test_split]
         n = min(cfg.parity_sentences, len(test))
         return data.test_split, list(test["src"][:n]), list(test["tgt"][:n]), corpus.tag
     sources = read_lines(cfg.parity_input, "parity_input")[: cfg.parity_sentences]
@@ -68,6 +67,13 @@ def parity_sentences(
     return cfg.parity_input, sources, references, None
 
 
+def main_corpus(translator: CheckpointTranslator):
+    """(the checkpoint's DataConfig, its main corpus, that corpus's splits)."""
+    data = data_config(translator.data, {})
+    corpus = data.all_corpora()[data.main_name]
+    return data, corpus, load_corpus(corpus, data.src, data.tgt, data.cache_dir)[0]
+
+
 def exact_export(cfg: DictConfig) -> bool:
     """Whether the export computes what the checkpoint computes (gated on identical hypotheses), or approximates
     it (int8, a shortlist: gated on BLEU)."""
@@ -79,9 +85,8 @@ def shortlist_file(cfg: DictConfig, translator: CheckpointTranslator, folder: Pa
     card records of it."""
     if not cfg.shortlist:
         return None
-    data = data_config(translator.data, {})
-    corpus = data.all_corpora()[data.main_name]
-    train = load_corpus(corpus, data.src, data.tgt, data.cache_dir)[0]["train"]
+    _, corpus, splits = main_corpus(translator)
+    train = splits["train"]
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     vocab_size = max(src.vocab_size, tgt.vocab_size)
     fixed, per_source = shortlist(src.encode(list(train["src"])), tgt.encode(list(train["tgt"])), vocab_size,

@@ -23,11 +23,11 @@ def shortlist(sources: list[list[int]], targets: list[list[int]], vocab_size: in
     src, tgt = keys // vocab_size, keys % vocab_size
     dice = 2 * together / (src_count[src] + tgt_count[tgt])
     order = np.lexsort((tgt, -dice, src))  # by source, then best first
+    src, tgt = src[order], tgt[order]
+    rank = np.arange(len(src)) - np.searchsorted(src, src)  # each key's place among its source piece's
     per = {}
-    for s, t in zip(src[order].tolist(), tgt[order].tolist()):
-        best = per.setdefault(s, [])
-        if len(best) < per_source:
-            best.append(t)
+    for s, t in zip(src[rank < per_source].tolist(), tgt[rank < per_source].tolist()):  # at most per_source each
+        per.setdefault(s, []).append(t)
     by_count = np.lexsort((np.arange(vocab_size), -tgt_count))
     return [t for t in by_count[:frequent].tolist() if tgt_count[t] > 0], per
 
