@@ -27,7 +27,17 @@ SPLITS=${SPLITS:-"val test_2016_flickr"}  # scored splits of MAIN; val chooses, 
 TEST_SPLIT=${TEST_SPLIT:-test_2016_flickr}
 EXPERIMENT=${EXPERIMENT:-multi30k_de_en_cpu}
 EXPORT_ARGS=${EXPORT_ARGS:-}             # extra export overrides
+SAVE_EVERY=${SAVE_EVERY:-50}             # training steps between last.ckpt writes (and at every validation)
 TRAIN_ARGS=("$@")
+
+machine() {  # the processor (and GPU) this start trains on, for the table: minutes belong to one machine
+  local cpu isa gpu
+  cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+  isa=$({ grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo || true; } | sort -u \
+    | sed 's/avx2/AVX2/; s/avx512f/AVX-512/; s/avx512_bf16/BF16/; s/amx_tile/AMX/' | paste -sd ' ')
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1 || true)
+  echo "${cpu:-unknown CPU} (${isa:-no AVX2}, $(nproc) cores)${gpu:+ + $gpu}"
+}
 
 train() {  # train NAME OVERRIDES...: the run folder $OUT/NAME, resumed where it stopped, skipped once done
   local run=$OUT/$1
@@ -36,16 +46,21 @@ train() {  # train NAME OVERRIDES...: the run folder $OUT/NAME, resumed where it
   local resume=()
   [[ -f $run/checkpoints/last.ckpt ]] && resume=(ckpt_path=last)
   if [[ -f $run/wall_clock_s.start && ${#resume[@]} -gt 0 ]]; then  # a start that was killed: its seconds up to
-    local kept=$(($(stat -c %Y "$run/checkpoints/last.ckpt") - $(cat "$run/wall_clock_s.start")))  # its last save
-    if ((kept > 0)); then echo "$kept" >> "$run/wall_clock_s"; fi
+    local started on  # its last save, on its machine
+    read -r started on < "$run/wall_clock_s.start"
+    local kept=$(($(stat -c %Y "$run/checkpoints/last.ckpt") - started))
+    if ((kept > 0)); then echo "$kept $on" >> "$run/wall_clock_s"; fi
   fi
   mkdir -p "$run"
-  date +%s > "$run/wall_clock_s.start"
+  local on
+  on=$(machine)
+  echo "$(date +%s) $on" > "$run/wall_clock_s.start"
   local start=$SECONDS
+  # last.ckpt every SAVE_EVERY steps too: a start killed without a signal (a session's end) loses less
   python -m transformer.train "experiment=$EXPERIMENT" "data.path=$MAIN" "data.test_split=$TEST_SPLIT" \
-    "trainer.max_steps=$STEPS" trainer.max_time=null "hydra.run.dir=$run" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} "$@" \
-    ${resume[@]+"${resume[@]}"}
-  echo $((SECONDS - start)) >> "$run/wall_clock_s"
+    "trainer.max_steps=$STEPS" trainer.max_time=null "callbacks.last_checkpoint.every_n_train_steps=$SAVE_EVERY" \
+    "hydra.run.dir=$run" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} "$@" ${resume[@]+"${resume[@]}"}
+  echo "$((SECONDS - start)) $on" >> "$run/wall_clock_s"  # seconds, then the machine: one line per start
   rm "$run/wall_clock_s.start"
   touch "$run/done"
 }
@@ -106,7 +121,8 @@ evaluate ensemble "$ensemble_ckpt"
 
 # 3. the distilled corpus, from the best teacher on val
 # chosen once: the distilled corpus is its translation, whatever later runs score
-[[ -f $OUT/teacher ]] || python scripts/teacher_student_table.py "$OUT" --best-teacher > "$OUT/teacher"
+[[ -f $OUT/teacher ]] || python scripts/teacher_student_table.py "$OUT" --best-teacher "${teachers[@]}" ensemble \
+  > "$OUT/teacher"
 teacher=$(cat "$OUT/teacher")
 echo "teacher: $teacher"
 if [[ $teacher == ensemble ]]; then teacher_ckpt=$ensemble_ckpt; else teacher_ckpt=$(ckpt "$teacher"); fi
@@ -132,7 +148,7 @@ for model in tiny deep_shallow; do
 done
 
 # 5. int8 exports of the best single teacher and the distilled students, plain and shortlisted (NAME_shortlist)
-single=$(python scripts/teacher_student_table.py "$OUT" --best-teacher --single)
+single=$(python scripts/teacher_student_table.py "$OUT" --best-teacher "${teachers[@]}")
 for name in "$single" student_tiny_distilled student_deep_shallow_distilled; do
   for shortlist in false true; do
     folder=$OUT/export/$name

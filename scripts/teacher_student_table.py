@@ -1,7 +1,8 @@
-"""The table of scripts/reproduce_teacher_student.sh's folder: every model's steps and training wall-clock minutes,
-its BLEU and chrF++ on each split scored (EMA weights, beam 5), and, with --speed, the int8 exports' BLEU at their
-parity gate and sentences/s on 1 and 2 threads over a file of sources (the median of 3 passes). --best-teacher prints
-the teacher with the best val BLEU (--single: leaving out the ensemble), which the pipeline distils.
+"""The table of scripts/reproduce_teacher_student.sh's folder: every model's steps, training wall-clock minutes, the
+machines and precision it trained on, its BLEU and chrF++ on each split scored (EMA weights, beam 5), and, with
+--speed, the int8 exports' BLEU at their parity gate and sentences/s on 1 and 2 threads over a file of sources (the
+median of 3 passes). --best-teacher NAME... prints the one of those models with the best val BLEU: the teacher the
+pipeline distils (or, without the ensemble, exports).
 
     python scripts/teacher_student_table.py outputs/teacher_student --speed data/multi30k/test_2016_flickr.de.gz
 """
@@ -24,13 +25,14 @@ def scores(out: Path) -> dict[str, dict[str, dict]]:
     return found
 
 
-def best_teacher(out: Path, single: bool) -> str:
-    candidates = {name: by_split["val"]["bleu"] for name, by_split in scores(out).items()
-                  if not name.startswith("student_") and "val" in by_split
-                  and not (single and name == "ensemble")}  # fmt: skip
-    if not candidates:
-        raise SystemExit(f"no teacher of {out} has been scored on val; run the pipeline's teacher stage first")
-    return max(candidates, key=candidates.get)
+def best_teacher(out: Path, names: list[str]) -> str:
+    found = scores(out)
+    unscored = [name for name in names if "val" not in found.get(name, {})]
+    if unscored:
+        raise SystemExit(
+            f"{', '.join(unscored)} not scored on val in {out}/eval; run the pipeline's teacher stage first"
+        )
+    return max(names, key=lambda name: found[name]["val"]["bleu"])
 
 
 def gate_bleu(folder: Path) -> str:
@@ -53,28 +55,33 @@ def sentences_per_second(folder: Path, sources: list[str], threads: int) -> floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("--best-teacher", action="store_true")
-    parser.add_argument("--single", action="store_true", help="with --best-teacher: not the ensemble")
+    parser.add_argument("--best-teacher", nargs="+", metavar="NAME", help="the best of these models on val")
     parser.add_argument("--speed", help="a file of sources: time the int8 exports on them")
     args = parser.parse_args()
     out = Path(args.out)
     if args.best_teacher:
-        print(best_teacher(out, args.single))
+        print(best_teacher(out, args.best_teacher))
         return
     found = scores(out)
     splits = sorted({split for by_split in found.values() for split in by_split}, key=lambda s: s != "val")
-    print("| model | steps | training wall-clock min | " + " | ".join(f"{s} BLEU | {s} chrF++" for s in splits) + " |")
-    print("|---|---:|---:|" + "---:|---:|" * len(splits))
-    members = (out / "ensemble_members").read_text().split() if (out / "ensemble_members").exists() else []
+    print("| model | steps | training wall-clock min | trained on, precision | "
+          + " | ".join(f"{s} BLEU | {s} chrF++" for s in splits) + " |")  # fmt: skip
+    print("|---|---:|---:|---|" + "---:|---:|" * len(splits))
+    members = (out / "ensemble_members").read_text().split() if (out / "ensemble_members").exists() else ["?"]
     for name, by_split in found.items():
-        runs = [out / n for n in (members if name == "ensemble" else [name])]
-        steps, minutes = [], []
-        for run in runs:
-            steps.append(str(load_checkpoint(str(run / "checkpoints" / "last.ckpt"))["global_step"]))
-            wall = run / "wall_clock_s"  # the training command's seconds, one line per start (a resumed run: more)
-            minutes.append(f"{sum(map(int, wall.read_text().split())) / 60:.1f}" if wall.exists() else "?")
+        steps, minutes, machines, precisions = [], [], {}, {}
+        for run in [out / n for n in (members if name == "ensemble" else [name])]:
+            last = run / "checkpoints" / "last.ckpt"
+            checkpoint = load_checkpoint(str(last)) if last.exists() else {}
+            steps.append(str(checkpoint.get("global_step", "?")))
+            precisions[checkpoint.get("precision", "?")] = None
+            wall = run / "wall_clock_s"  # a line per start of the training command: seconds, then the machine
+            starts = [line.partition(" ") for line in wall.read_text().splitlines()] if wall.exists() else []
+            minutes.append(f"{sum(int(seconds) for seconds, _, _ in starts) / 60:.1f}" if starts else "?")
+            machines.update((on or "?", None) for _, _, on in starts)
+        trained_on = f"{' / '.join(machines) or '?'}, {' / '.join(precisions)}"
         cells = [f"{by_split[s]['bleu']:.2f} | {by_split[s]['chrf']:.2f}" if s in by_split else "|" for s in splits]
-        print(f"| {name} | {' + '.join(steps)} | {' + '.join(minutes)} | " + " | ".join(cells) + " |")
+        print(f"| {name} | {' + '.join(steps)} | {' + '.join(minutes)} | {trained_on} | " + " | ".join(cells) + " |")
     if args.speed:
         sources = read_lines(Path(args.speed))
         print(f"\nThe int8 exports (NAME_shortlist: with a lexical shortlist) on {len(sources)} sentences of "

@@ -50,6 +50,9 @@ def test_the_pipeline_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path):
     }  # a model of 12 steps: the gate's rule aside
     args = [f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=1000", "data.max_tokens=600", "model.d_model=64",
             "model.d_ff=128", "trainer.enable_progress_bar=false"]  # fmt: skip
+    stale = out / "eval" / "old_run" / "val" / "scores.json"  # a folder from another run: never the teacher
+    stale.parent.mkdir(parents=True)
+    stale.write_text('{"bleu": 99.0, "chrf": 99.0}')
     script = str(ROOT / "scripts" / "reproduce_teacher_student.sh")
     run = subprocess.run(["bash", script, *args], env=env, capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -64,7 +67,12 @@ def test_the_pipeline_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path):
         with gzip.open(out / corpus / "train.en.gz", "rt") as f:
             assert len(f.read().splitlines()) == lines, corpus
     teacher = (out / "teacher").read_text().strip()
-    assert f"| {teacher} | " in table
+    assert f"| {teacher} | " in table and teacher != "old_run"
+    for name in models:  # one start each: its seconds, then the machine, which the table names
+        seconds, machine = (out / name / "wall_clock_s").read_text().rstrip("\n").split(" ", 1)
+        assert int(seconds) > 0 and not (out / name / "wall_clock_s.start").exists()
+        if name != "reverse":
+            assert f"| {machine}, " in next(row for row in table.splitlines() if row.startswith(f"| {name} |"))
     exports = [line.split(" | ")[0][2:] for line in table.split("| int8 export |")[1].splitlines()[2:] if line]
     plain = [name for name in exports if not name.endswith("_shortlist")]  # each twice: plain and shortlisted
     assert len(exports) == 6 and sorted(exports) == sorted(plain + [f"{name}_shortlist" for name in plain])
