@@ -3,6 +3,8 @@ where a killed run stopped, sampling reproducible from its seed."""
 
 import gzip
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +71,20 @@ def test_a_killed_translation_resumes_to_what_an_unbroken_one_writes(corpus, tmp
         assert read(resumed, name) == read(whole, name), name
     record = json.loads((resumed / "train.translation.json").read_text())
     assert record["lines"] == record["pairs"] == 50 and record["search"]["sampling_topk"] == 5
+
+
+def test_every_file_is_on_disk_before_a_rename_puts_it_in_place(corpus, tmp_path, monkeypatch):
+    translator, path, _, _ = corpus
+    events, fsync, replace = [], os.fsync, Path.replace
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: events.append(("synced", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd)
+    )
+    monkeypatch.setattr(Path, "replace", lambda self, to: events.append(("renamed", str(self))) or replace(self, to))
+    translate_corpus(translator, path, str(tmp_path / "out"), SAMPLING, "32", chunk_lines=8)
+    renamed = [name for event, name in events if event == "renamed"]
+    assert len(renamed) == 1 + 7 + 1 + 3  # settings, 7 chunks, the record, the corpus's 3 files
+    for name in renamed:
+        assert ("synced", name) in events[: events.index(("renamed", name))], name
 
 
 def test_sampling_reproduces_from_its_seed_and_differs_from_search(corpus, tmp_path):

@@ -8,6 +8,7 @@ import gzip
 import itertools
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -26,7 +27,18 @@ def write_atomically(path: Path, text: str) -> None:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(partial, "wt", encoding="utf-8") as f:
         f.write(text)
-    partial.replace(path)
+    synced(partial).replace(path)
+
+
+def synced(path: Path) -> Path:
+    """The file's bytes on disk before a rename puts it in place: after a crash, the whole file, never an empty one
+    under its final name (which a resumed run would take as done)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
 
 
 def translate_corpus(translator: Translator, input_path: str, output: str, search: SearchConfig, precision: str,
@@ -81,7 +93,7 @@ def translate_corpus(translator: Translator, input_path: str, output: str, searc
               "seconds": round(time.monotonic() - start, 1)}  # fmt: skip
     write_atomically(card, json.dumps(record, indent=2) + "\n")
     for name in (src, "scores", tgt):  # the target side last: its presence says the corpus is done
-        written[name].replace(files[name])
+        synced(written[name]).replace(files[name])
     shutil.rmtree(parts)
     return folder
 
