@@ -52,6 +52,41 @@ def sentences_per_second(folder: Path, sources: list[str], threads: int) -> floa
     return len(sources) / statistics.median(times)
 
 
+def aims(found: dict, members: list[str], teacher: str, rates: dict[str, list[float]], test: str) -> list[tuple]:
+    """The issue's aims (docs/teacher_student.md), each (aim, result, met?): BLEU on `test`, choices on val, speed
+    on one thread through the int8 exports (`rates`: export name -> sentences/s on 1 and 2 threads)."""
+
+    def bleu(name: str, split: str = test) -> float:
+        return found[name][split]["bleu"]
+
+    def versus(name: str, other: str) -> str:
+        return f"{name} {bleu(name):.2f} against {other} {bleu(other):.2f}: {bleu(name) - bleu(other):+.2f}"
+
+    rows = []
+    better = max(members, key=lambda name: (bleu(name, "val"), bleu(name)))  # a tie on val: the harder bar
+    gain = bleu("ensemble") - bleu(better)
+    rows.append(("ensemble of two: +0.5 over the better single model", versus("ensemble", better), gain >= 0.5))
+    bt = max((name for name in found if name.startswith("bt_")), key=lambda name: bleu(name, "val"))
+    rows.append(("back-translation: +1.0 over the recipe (the best on val)", versus(bt, "base"),
+                 bleu(bt) - bleu("base") >= 1.0))  # fmt: skip
+    student = "student_deep_shallow_distilled"
+    rows.append(("deep-shallow: within 1.5 BLEU of its teacher", versus(student, teacher),
+                 bleu(teacher) - bleu(student) <= 1.5))  # fmt: skip
+    single = next((name for name in rates if not name.startswith("student_") and name in found), None)
+    if single and student in rates:
+        ratios = {
+            name: rates[name][0] / rates[single][0] for name in (student, student + "_shortlist") if name in rates
+        }
+        result = "; ".join(f"{name} {rates[name][0]:.1f} against {single} {rates[single][0]:.1f}: {ratio:.2f}x"
+                           for name, ratio in ratios.items())  # fmt: skip
+        rows.append(("deep-shallow int8: 3x the teacher's sentences/s on 1 thread", result, max(ratios.values()) >= 3))
+    for model in ("deep_shallow", "tiny"):
+        distilled, original = f"student_{model}_distilled", f"student_{model}_original"
+        rows.append((f"distilled {model}: +1.0 over the same student on original data", versus(distilled, original),
+                     bleu(distilled) - bleu(original) >= 1.0))  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -82,6 +117,7 @@ def main() -> None:
         trained_on = f"{' / '.join(machines) or '?'}, {' / '.join(precisions)}"
         cells = [f"{by_split[s]['bleu']:.2f} | {by_split[s]['chrf']:.2f}" if s in by_split else "|" for s in splits]
         print(f"| {name} | {' + '.join(steps)} | {' + '.join(minutes)} | {trained_on} | " + " | ".join(cells) + " |")
+    rates = {}
     if args.speed:
         sources = read_lines(Path(args.speed))
         print(f"\nThe int8 exports (NAME_shortlist: with a lexical shortlist) on {len(sources)} sentences of "
@@ -89,8 +125,16 @@ def main() -> None:
         print("| int8 export | gate BLEU, beam 5 (checkpoint) | sentences/s, 1 thread | 2 threads |")
         print("|---|---:|---:|---:|")
         for folder in sorted((out / "export").glob("*/model.bin")):
-            rates = [sentences_per_second(folder.parent, sources, threads) for threads in (1, 2)]
-            print(f"| {folder.parent.name} | {gate_bleu(folder.parent)} | {rates[0]:.1f} | {rates[1]:.1f} |")
+            rate = rates[folder.parent.name] = [sentences_per_second(folder.parent, sources, n) for n in (1, 2)]
+            print(f"| {folder.parent.name} | {gate_bleu(folder.parent)} | {rate[0]:.1f} | {rate[1]:.1f} |")
+    test = next((split for split in splits if split != "val"), None)
+    if test and (out / "teacher").exists():
+        print(
+            f"\nThe aims: BLEU on {test}, each choice (the better single model, the back-translation setting) on val\n"
+        )
+        print("| aim | result | met |\n|---|---|---|")
+        for aim, result, met in aims(found, members, (out / "teacher").read_text().strip(), rates, test):
+            print(f"| {aim} | {result} | {'yes' if met else 'no'} |")
 
 
 if __name__ == "__main__":

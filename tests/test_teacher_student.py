@@ -6,6 +6,7 @@ nothing."""
 import gzip
 import itertools
 import os
+import runpy
 import subprocess
 from pathlib import Path
 
@@ -15,6 +16,27 @@ from .helpers import MULTI30K, ROOT
 from .helpers.prerequisites import require
 
 CAPTIONS = ROOT / "data" / "multi30k_captions"
+AIMS = runpy.run_path(str(ROOT / "scripts" / "teacher_student_table.py"))["aims"]
+
+
+def test_the_aims_judge_test_bleu_with_every_choice_made_on_val():
+    val_test = {"base": (26.0, 26.1), "base_seed2": (26.0, 26.5), "ensemble": (26.8, 27.0), "bt_beam_w1.0": (27.5, 26.9),
+                "bt_sampled_w1.0": (27.0, 28.0), "student_deep_shallow_distilled": (25.0, 25.4),
+                "student_deep_shallow_original": (24.0, 24.5), "student_tiny_distilled": (20.0, 20.0),
+                "student_tiny_original": (18.0, 18.9)}  # fmt: skip
+    found = {name: {"val": {"bleu": v}, "test": {"bleu": t}} for name, (v, t) in val_test.items()}
+    rates = {"base": [70.0, 95.0], "student_deep_shallow_distilled": [90.0, 160.0],
+             "student_deep_shallow_distilled_shortlist": [224.0, 320.0]}  # fmt: skip
+    rows = {
+        aim.split(":")[0]: (result, met)
+        for aim, result, met in AIMS(found, ["base", "base_seed2"], "ensemble", rates, "test")
+    }
+    assert rows["ensemble of two"] == ("ensemble 27.00 against base_seed2 26.50: +0.50", True)  # val tied: the harder
+    assert rows["back-translation"] == ("bt_beam_w1.0 26.90 against base 26.10: +0.80", False)  # chosen on val
+    assert rows["deep-shallow"] == ("student_deep_shallow_distilled 25.40 against ensemble 27.00: -1.60", False)
+    speed, met = rows["deep-shallow int8"]
+    assert met and speed.endswith("_shortlist 224.0 against base 70.0: 3.20x") and "1.29x" in speed
+    assert rows["distilled deep_shallow"][1] is False and rows["distilled tiny"][1] is True
 
 
 def write_head(source: Path, target: Path, n: int) -> list[str]:
