@@ -99,6 +99,8 @@ def test_the_pipeline_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path):
     plain = [name for name in exports if not name.endswith("_shortlist")]  # each twice: plain and shortlisted
     assert len(exports) == 6 and sorted(exports) == sorted(plain + [f"{name}_shortlist" for name in plain])
     assert {"student_tiny_distilled", "student_deep_shallow_distilled"} < set(plain)
+    aims = table.split("| aim | result | met |")[1].splitlines()[2:]
+    assert len(aims) == 6 and all(row.endswith(("| yes |", "| no |")) for row in aims)  # the speed aim too
     with gzip.open(out / "distilled" / "train.de.gz", "rt") as f:  # Multi30k's German, then the captions'
         with gzip.open(main / "train.de.gz", "rt") as m:
             assert f.read().splitlines()[:1500] == m.read().splitlines()
