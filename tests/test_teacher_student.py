@@ -95,7 +95,8 @@ def test_the_pipeline_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path):
         assert int(seconds) > 0 and not (out / name / "wall_clock_s.start").exists()
         if name != "reverse":
             assert f"| {machine}, " in next(row for row in table.splitlines() if row.startswith(f"| {name} |"))
-    exports = [line.split(" | ")[0][2:] for line in table.split("| int8 export |")[1].splitlines()[2:] if line]
+    export_rows = table.split("| int8 export |")[1].split("\n\n")[0].splitlines()[2:]
+    exports = [row.split(" | ")[0][2:] for row in export_rows]
     plain = [name for name in exports if not name.endswith("_shortlist")]  # each twice: plain and shortlisted
     assert len(exports) == 6 and sorted(exports) == sorted(plain + [f"{name}_shortlist" for name in plain])
     assert {"student_tiny_distilled", "student_deep_shallow_distilled"} < set(plain)
