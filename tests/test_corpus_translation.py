@@ -4,6 +4,7 @@ where a killed run stopped, sampling reproducible from its seed."""
 import gzip
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,21 @@ def test_sampling_never_draws_the_tokens_it_is_told_not_to():
     draw = sampled_token(-1, 1.0, torch.Generator().manual_seed(0), never=(0, 1))
     tokens = draw(logits)
     assert set(tokens.tolist()) == {2, 3} and sampled_token(1, 1.0, torch.Generator(), (0,))(logits).eq(1).all()
+
+
+def test_sampling_from_a_flattened_distribution_never_draws_a_byte_piece(corpus, tmp_path):
+    from omegaconf import OmegaConf
+
+    from transformer.export.__main__ import export
+    from transformer.schema import ExportConfig
+
+    translator, _, lines, ckpt = corpus
+    assert len(translator.tgt_tokenizer.byte_ids) == 256  # 256 of its 320 pieces: drawn often at T=50
+    flat = SearchConfig(beam_size=1, sampling_topk=-1, temperature=50.0, seed=3)
+    folder, failure = export(OmegaConf.create({**asdict(ExportConfig(ckpt_path=str(ckpt))), "output": str(tmp_path)}))
+    assert failure is None
+    with pytest.warns(UserWarning, match="CTranslate2 issue #1757"):  # its sampling is unseeded
+        exported = open_translator(str(folder)).translate(lines, flat)
+    for found in (translator.translate(lines, flat), exported):
+        assert not any("\ufffd" in text for text in found)  # U+FFFD: a byte decoded alone
+        assert sum(map(len, found)) > 20 * len(lines)  # long: flat sampling rarely draws EOS

@@ -1,5 +1,6 @@
 """sentencepiece models: trained on the training split, special ids fixed at training and read back."""
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -27,6 +28,11 @@ class SentencePiece:
         self.vocab_size = self.sp.get_piece_size()
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+
+    @functools.cached_property
+    def byte_ids(self) -> tuple[int, ...]:
+        """The byte-fallback pieces (<0x00>..<0xFF>): alone or out of order, a byte decodes to U+FFFD."""
+        return tuple(i for i in range(self.vocab_size) if self.sp.is_byte(i))
 
     def _trainer_spec(self):
         from sentencepiece import sentencepiece_model_pb2

@@ -140,7 +140,7 @@ class CheckpointTranslator:
     def _search(self, src: torch.Tensor, search: SearchConfig, nbest: int = 1, generator=None):
         bos, eos = self.tgt_tokenizer.bos_id, self.tgt_tokenizer.eos_id
         if search.beam_size == 1:  # the same function as validation, so that scores match it (unscored)
-            never = (self.model.pad_id, bos)
+            never = (self.model.pad_id, bos, *self.tgt_tokenizer.byte_ids)
             draw = sampled_token(search.sampling_topk, search.temperature, generator, never) if generator else None
             found = greedy_search(self.model, src, bos, eos, search.max_len_a, search.max_len_b, search.use_cache,
                                   draw)  # fmt: skip

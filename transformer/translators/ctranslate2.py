@@ -4,6 +4,7 @@ evaluate."""
 
 import json
 import warnings
+from collections.abc import Sequence
 from itertools import groupby
 from pathlib import Path
 
@@ -25,7 +26,8 @@ def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sou
 
 
 def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search,
-                      eos_piece: str, nbest: int, use_vmap: bool = False) -> list[list[tuple[float, list[int]]]]:  # fmt: skip
+                      eos_piece: str, nbest: int, use_vmap: bool = False,
+                      never_sampled: Sequence[str] = ()) -> list[list[tuple[float, list[int]]]]:  # fmt: skip
     """The nbest best hypotheses per source, (score, token ids without EOS), each decoded with SearchConfig `search` and
     its max-length rule, int(a * (source tokens + EOS) + b). As in our search, EOS may come first
     (min_decoding_length=0) and counts in the length that normalises scores (return_end_token). CTranslate2 stops a
@@ -36,7 +38,8 @@ def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sour
     search depends on its limit only if it reaches it: the search ends on the step its K-th hypothesis finishes,
     and among the K hypotheses returned, the longest (EOS included) finished on that step. A sentence whose
     longest is shorter than its own limit decoded as it would have under it; the few others decode again, one call
-    per limit. use_vmap: each batch's outputs restricted to its shortlist (the folder's vmap.txt)."""
+    per limit. use_vmap: each batch's outputs restricted to its shortlist (the folder's vmap.txt). never_sampled:
+    target pieces sampling never draws (our translators': the byte pieces)."""
     limits = [int(search.max_len_a * (len(s) + 1) + search.max_len_b) for s in sources]
     found: list[list[tuple[float, list[int]]]] = [[] for _ in sources]
     tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
@@ -46,7 +49,8 @@ def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sour
         warnings.warn("an exported folder samples from generators that seed= does not reach (CTranslate2 issue "
                       "#1757): its samples differ between runs; sample with the training checkpoint to reproduce "
                       "them", stacklevel=2)  # fmt: skip
-        sampling = dict(sampling_topk=max(search.sampling_topk, 0), sampling_temperature=search.temperature)
+        sampling = dict(sampling_topk=max(search.sampling_topk, 0), sampling_temperature=search.temperature,
+                        suppress_sequences=[[piece] for piece in never_sampled] or None)  # fmt: skip
     while calls:
         max_length, group = calls.pop()
         results = engine.translate_batch(
@@ -85,6 +89,7 @@ class CTranslate2Translator:
         self.tgt_tokenizer = SentencePiece(folder / "target.spm.model")
         self.pieces = self.src_tokenizer.pieces(), self.tgt_tokenizer.pieces()
         self.eos_piece = self.pieces[1][self.tgt_tokenizer.eos_id]
+        self.byte_pieces = [self.pieces[1][i] for i in self.tgt_tokenizer.byte_ids]  # never sampled
         self.use_vmap = (folder / VMAP_FILE).is_file()  # exported with shortlist=true
         self.data, self.quantization = card["data"], card["quantization"]
         self.trained_precision = "32"  # the folder's own compute type decides; precision= does not apply
@@ -100,5 +105,6 @@ class CTranslate2Translator:
         """As Translator.translate_nbest."""
         check_nbest(nbest, search)
         ids = self.src_tokenizer.encode(texts, tag)
-        found = ctranslate2_nbest(self.engine, *self.pieces, ids, search, self.eos_piece, nbest, self.use_vmap)
+        found = ctranslate2_nbest(self.engine, *self.pieces, ids, search, self.eos_piece, nbest, self.use_vmap,
+                                  self.byte_pieces)  # fmt: skip
         return decoded_nbest(self.tgt_tokenizer, texts, found)
