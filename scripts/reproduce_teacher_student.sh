@@ -55,11 +55,13 @@ train() {  # train NAME OVERRIDES...: the run folder $OUT/NAME, resumed where it
   local on
   on=$(machine)
   echo "$(date +%s) $on" > "$run/wall_clock_s.start"
-  local start=$SECONDS
+  local start=$SECONDS precision=()
+  [[ -f $OUT/precision ]] && precision=("trainer.precision=$(cat "$OUT/precision")")
   # last.ckpt every SAVE_EVERY steps too: a start killed without a signal (a session's end) loses less
   python -m transformer.train "experiment=$EXPERIMENT" "data.path=$MAIN" "data.test_split=$TEST_SPLIT" \
     "trainer.max_steps=$STEPS" trainer.max_time=null "callbacks.last_checkpoint.every_n_train_steps=$SAVE_EVERY" \
-    "hydra.run.dir=$run" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} "$@" ${resume[@]+"${resume[@]}"}
+    ${precision[@]+"${precision[@]}"} "hydra.run.dir=$run" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} "$@" \
+    ${resume[@]+"${resume[@]}"}
   echo "$((SECONDS - start)) $on" >> "$run/wall_clock_s"  # seconds, then the machine: one line per start
   rm "$run/wall_clock_s.start"
   touch "$run/done"
@@ -94,6 +96,13 @@ done
 
 # 1. the reverse model and the back-translations
 train reverse data.src=en data.tgt=de
+# Every later model trains in the reverse model's precision (trainer.precision=auto chose it for this machine): the
+# aims compare models, and a resumed run keeps its precision, so a bf16 run resumed on a CPU slow in bf16 would crawl.
+if [[ ! -f $OUT/precision ]]; then
+  chosen=$(python -c "import sys; from transformer.training.resume import load_checkpoint
+print(load_checkpoint(sys.argv[1])['precision'])" "$(ckpt reverse)")
+  echo "$chosen" > "$OUT/precision"
+fi
 python -m transformer.translate "ckpt_path=$(ckpt reverse)" ema=true "input=$OUT/input/captions.en.gz" \
   "output=$OUT/bt_beam" beam_size=5
 python -m transformer.translate "ckpt_path=$(ckpt reverse)" ema=true "input=$OUT/input/captions.en.gz" \

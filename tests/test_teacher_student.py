@@ -90,11 +90,13 @@ def test_the_pipeline_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path):
             assert len(f.read().splitlines()) == lines, corpus
     teacher = (out / "teacher").read_text().strip()
     assert f"| {teacher} | " in table and teacher != "old_run"
+    precision = (out / "precision").read_text().strip()  # the reverse model's, every model's
     for name in models:  # one start each: its seconds, then the machine, which the table names
         seconds, machine = (out / name / "wall_clock_s").read_text().rstrip("\n").split(" ", 1)
         assert int(seconds) > 0 and not (out / name / "wall_clock_s.start").exists()
         if name != "reverse":
-            assert f"| {machine}, " in next(row for row in table.splitlines() if row.startswith(f"| {name} |"))
+            row = next(row for row in table.splitlines() if row.startswith(f"| {name} |"))
+            assert f"| {machine}, {precision} |" in row
     export_rows = table.split("| int8 export |")[1].split("\n\n")[0].splitlines()[2:]
     exports = [row.split(" | ")[0][2:] for row in export_rows]
     plain = [name for name in exports if not name.endswith("_shortlist")]  # each twice: plain and shortlisted
