@@ -35,7 +35,7 @@ machine() {  # the processor (and GPU) this start trains on, for the table: minu
   cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   isa=$({ grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo || true; } | sort -u \
     | sed 's/avx2/AVX2/; s/avx512f/AVX-512/; s/avx512_bf16/BF16/; s/amx_tile/AMX/' | paste -sd ' ')
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1 || true)
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1) || gpu=  # none, or no driver
   echo "${cpu:-unknown CPU} (${isa:-no AVX2}, $(nproc) cores)${gpu:+ + $gpu}"
 }
 
@@ -47,7 +47,7 @@ train() {  # train NAME OVERRIDES...: the run folder $OUT/NAME, resumed where it
   [[ -f $run/checkpoints/last.ckpt ]] && resume=(ckpt_path=last)
   if [[ -f $run/wall_clock_s.start && ${#resume[@]} -gt 0 ]]; then  # a start that was killed: its seconds up to
     local started on  # its last save, on its machine
-    read -r started on < "$run/wall_clock_s.start"
+    read -r started on < "$run/wall_clock_s.start" || [[ -n ${started:-} ]]  # a last line without its newline
     local kept=$(($(stat -c %Y "$run/checkpoints/last.ckpt") - started))
     if ((kept > 0)); then echo "$kept $on" >> "$run/wall_clock_s"; fi
   fi
@@ -86,6 +86,12 @@ lines() {  # lines FILES...: their lines, the first CAPTION_LINES of them if set
 
 ckpt() { echo "$OUT/$1/checkpoints/last.ckpt"; }
 
+names() {  # names FILE NAME...: $OUT/FILE holds the names, rewritten only when they change
+  local file=$OUT/$1
+  shift
+  [[ $(cat "$file" 2> /dev/null) == "$*" ]] || echo "$*" > "$file"
+}
+
 mkdir -p "$OUT/input"
 for lang in en de; do
   if [[ ! -f $OUT/input/captions.$lang.gz ]]; then
@@ -96,8 +102,8 @@ done
 
 # 1. the reverse model and the back-translations
 train reverse data.src=en data.tgt=de
-# Every later model trains in the reverse model's precision (trainer.precision=auto chose it for this machine): the
-# aims compare models, and a resumed run keeps its precision, so a bf16 run resumed on a CPU slow in bf16 would crawl.
+# Every later model trains in the reverse model's precision (trainer.precision=auto chose it for this machine), so
+# the compared models share one, wherever each starts; an argument trainer.precision=... sets another for all.
 if [[ ! -f $OUT/precision ]]; then
   chosen=$(python -c "import sys; from transformer.training.resume import load_checkpoint
 print(load_checkpoint(sys.argv[1])['precision'])" "$(ckpt reverse)")
@@ -108,18 +114,18 @@ python -m transformer.translate "ckpt_path=$(ckpt reverse)" ema=true "input=$OUT
 python -m transformer.translate "ckpt_path=$(ckpt reverse)" ema=true "input=$OUT/input/captions.en.gz" \
   "output=$OUT/bt_sampled" beam_size=1 sampling_topk=-1 seed=1
 
-# 2. teachers
-members=(base base_seed2)  # the ensemble's, named once: the table reads them from $OUT/ensemble_members
-[[ $(cat "$OUT/ensemble_members" 2> /dev/null) == "${members[*]}" ]] || echo "${members[*]}" > "$OUT/ensemble_members"
+# 2. teachers, named once for the table and the teacher's choice: OUT/teachers, OUT/ensemble_members
+members=(base base_seed2)
 teachers=("${members[@]}")
+for source in beam sampled; do for weight in $BT_WEIGHTS; do teachers+=("bt_${source}_w$weight"); done; done
+names ensemble_members "${members[@]}"
+names teachers "${teachers[@]}"
 train base seed=1
 train base_seed2 seed=2
 for source in beam sampled; do
   for weight in $BT_WEIGHTS; do
-    name=bt_${source}_w$weight
-    train "$name" "+data.corpora.bt.path=$OUT/bt_$source" +data.corpora.bt.tag=__bt__ \
+    train "bt_${source}_w$weight" "+data.corpora.bt.path=$OUT/bt_$source" +data.corpora.bt.tag=__bt__ \
       "+data.corpora.bt.weight=$weight"
-    teachers+=("$name")
   done
 done
 for name in "${teachers[@]}"; do evaluate "$name" "$(ckpt "$name")"; done
@@ -130,8 +136,10 @@ evaluate ensemble "$ensemble_ckpt"
 
 # 3. the distilled corpus, from the best teacher on val
 # chosen once: the distilled corpus is its translation, whatever later runs score
-[[ -f $OUT/teacher ]] || python scripts/teacher_student_table.py "$OUT" --best-teacher "${teachers[@]}" ensemble \
-  > "$OUT/teacher"
+if [[ ! -f $OUT/teacher ]]; then
+  chosen=$(python scripts/teacher_student_table.py "$OUT" --best-teacher)
+  echo "$chosen" > "$OUT/teacher"
+fi
 teacher=$(cat "$OUT/teacher")
 echo "teacher: $teacher"
 if [[ $teacher == ensemble ]]; then teacher_ckpt=$ensemble_ckpt; else teacher_ckpt=$(ckpt "$teacher"); fi
@@ -157,7 +165,7 @@ for model in tiny deep_shallow; do
 done
 
 # 5. int8 exports of the best single teacher and the distilled students, plain and shortlisted (NAME_shortlist)
-single=$(python scripts/teacher_student_table.py "$OUT" --best-teacher "${teachers[@]}")
+single=$(python scripts/teacher_student_table.py "$OUT" --best-teacher --single)
 for name in "$single" student_tiny_distilled student_deep_shallow_distilled; do
   for shortlist in false true; do
     folder=$OUT/export/$name

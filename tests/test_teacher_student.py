@@ -16,27 +16,41 @@ from .helpers import MULTI30K, ROOT
 from .helpers.prerequisites import require
 
 CAPTIONS = ROOT / "data" / "multi30k_captions"
-AIMS = runpy.run_path(str(ROOT / "scripts" / "teacher_student_table.py"))["aims"]
+TABLE = runpy.run_path(str(ROOT / "scripts" / "teacher_student_table.py"))
 
 
-def test_the_aims_judge_test_bleu_with_every_choice_made_on_val():
+def test_the_aims_judge_test_bleu_with_every_choice_made_on_val(tmp_path):
     val_test = {"base": (26.0, 26.1), "base_seed2": (26.0, 26.5), "ensemble": (26.8, 27.0), "bt_beam_w1.0": (27.5, 26.9),
-                "bt_sampled_w1.0": (27.0, 28.0), "student_deep_shallow_distilled": (25.0, 25.4),
+                "bt_sampled_w1.0": (27.0, 28.0), "bt_old": (40.0, 40.0), "student_deep_shallow_distilled": (25.0, 25.4),
                 "student_deep_shallow_original": (24.0, 24.5), "student_tiny_distilled": (20.0, 20.0),
                 "student_tiny_original": (18.0, 18.9)}  # fmt: skip
-    found = {name: {"val": {"bleu": v}, "test": {"bleu": t}} for name, (v, t) in val_test.items()}
-    rates = {"base": [70.0, 95.0], "student_deep_shallow_distilled": [90.0, 160.0],
+    for name, (val, test) in val_test.items():  # bt_old: a folder the pipeline's teachers do not name
+        for split, bleu in (("val", val), ("test", test)):
+            (tmp_path / "eval" / name / split).mkdir(parents=True)
+            (tmp_path / "eval" / name / split / "scores.json").write_text(f'{{"bleu": {bleu}, "chrf": 0}}')
+    (tmp_path / "teachers").write_text("base base_seed2 bt_beam_w1.0 bt_sampled_w1.0\n")
+    (tmp_path / "ensemble_members").write_text("base base_seed2\n")
+    (tmp_path / "teacher").write_text("ensemble\n")
+    assert TABLE["best_teacher"](tmp_path, single=False) == "bt_beam_w1.0"
+    rates = {"bt_beam_w1.0": [70.0, 95.0], "student_deep_shallow_distilled": [90.0, 160.0],
              "student_deep_shallow_distilled_shortlist": [224.0, 320.0]}  # fmt: skip
     rows = {
         aim.split(":")[0]: (result, met)
-        for aim, result, met in AIMS(found, ["base", "base_seed2"], "ensemble", rates, "test")
+        for aim, result, met in TABLE["aims"](TABLE["scores"](tmp_path), tmp_path, rates, "test")
     }
     assert rows["ensemble of two"] == ("ensemble 27.00 against base_seed2 26.50: +0.50", True)  # val tied: the harder
     assert rows["back-translation"] == ("bt_beam_w1.0 26.90 against base 26.10: +0.80", False)  # chosen on val
     assert rows["deep-shallow"] == ("student_deep_shallow_distilled 25.40 against ensemble 27.00: -1.60", False)
-    speed, met = rows["deep-shallow int8"]
-    assert met and speed.endswith("_shortlist 224.0 against base 70.0: 3.20x") and "1.29x" in speed
+    speed, met = rows["deep-shallow int8"]  # against the exported teacher: the best single one on val
+    assert met and speed.endswith("_shortlist 224.0 against bt_beam_w1.0 70.0: 3.20x") and "1.29x" in speed
     assert rows["distilled deep_shallow"][1] is False and rows["distilled tiny"][1] is True
+    (tmp_path / "eval" / "student_tiny_original" / "test" / "scores.json").unlink()  # a run under way
+    rows = {
+        aim.split(":")[0]: (result, met)
+        for aim, result, met in TABLE["aims"](TABLE["scores"](tmp_path), tmp_path, {}, "test")
+    }
+    assert rows["distilled tiny"] == ("not yet scored", None) and "deep-shallow int8" not in rows
+    assert rows["ensemble of two"][1] is True
 
 
 def write_head(source: Path, target: Path, n: int) -> list[str]:
@@ -97,6 +111,7 @@ def test_the_pipeline_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path):
         if name != "reverse":
             row = next(row for row in table.splitlines() if row.startswith(f"| {name} |"))
             assert f"| {machine}, {precision} |" in row
+            assert f"trainer.precision={precision}" in (out / name / ".hydra" / "overrides.yaml").read_text()
     export_rows = table.split("| int8 export |")[1].split("\n\n")[0].splitlines()[2:]
     exports = [row.split(" | ")[0][2:] for row in export_rows]
     plain = [name for name in exports if not name.endswith("_shortlist")]  # each twice: plain and shortlisted
@@ -104,6 +119,7 @@ def test_the_pipeline_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path):
     assert {"student_tiny_distilled", "student_deep_shallow_distilled"} < set(plain)
     aims = table.split("| aim | result | met |")[1].splitlines()[2:]
     assert len(aims) == 6 and all(row.endswith(("| yes |", "| no |")) for row in aims)  # the speed aim too
+    assert (out / "teachers").read_text().split() == ["base", "base_seed2", "bt_beam_w1.0", "bt_sampled_w1.0"]
     with gzip.open(out / "distilled" / "train.de.gz", "rt") as f:  # Multi30k's German, then the captions'
         with gzip.open(main / "train.de.gz", "rt") as m:
             assert f.read().splitlines()[:1500] == m.read().splitlines()

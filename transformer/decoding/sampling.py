@@ -16,10 +16,14 @@ def sampled_token(topk: int, temperature: float, generator: torch.Generator,
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be positive")
 
+    never_ids = torch.tensor(never, dtype=torch.long)  # moved to the logits' device once, not every step
+
     def draw(logits: Tensor) -> Tensor:
+        nonlocal never_ids
         scaled = logits.float() / temperature  # (n, V)
         if never:
-            scaled[:, list(never)] = float("-inf")
+            never_ids = never_ids.to(scaled.device)
+            scaled.index_fill_(1, never_ids, float("-inf"))
         if topk > 0:
             values, tokens = scaled.topk(min(topk, scaled.size(-1)), dim=-1)  # (n, k) each
             picked = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)  # (n, 1)
