@@ -9,20 +9,24 @@ OUT/gpu_check.md as it comes, most important first:
 4. MFU of the base and big models: analytic FLOPs of the real (unpadded) tokens over the device's own bf16 peak;
 5. the GPU recipe for --recipe-steps steps, with its closing line (training steps' share of the wall clock), then one
    beam-5 evaluate of its last checkpoint;
-6. runtime.attention_backend=flash (padding-free) through training, validation BLEU and translate.
+6. runtime.attention_backend=flash (padding-free) through training, validation BLEU and translate;
+7. where the host's time goes in the base model's training steps: py-spy's samples (py-spy is a dev dependency).
 DDP is not checked: one GPU cannot show it.
 
     python scripts/gpu_check.py --stage          # once, where the data is: copies Multi30k (2.5 MB) beside this script
     python scripts/gpu_check.py --out OUT        # on the GPU machine (the device tool: carry scripts/gpu_check_data)
     python scripts/gpu_check.py --smoke --out OUT  # on a CPU: the tiny model, a few steps, to check the script itself
+    python scripts/gpu_check.py --out OUT runtime.attention_backend=efficient --stages mfu host_profile  # overrides, some stages
 """
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -61,19 +65,21 @@ class Check:
     def __init__(self, args, data: Path, report: Report):
         self.args, self.report, self.out = args, report, args.out
         cache = args.cache or args.out / "cache"
-        self.common = [f"data.path={data}", f"data.cache_dir={cache}", "trainer.enable_progress_bar=false"]
+        self.common = [f"data.path={data}", f"data.cache_dir={cache}", "trainer.enable_progress_bar=false",
+                       *args.overrides]  # fmt: skip
         if args.smoke:
             self.common.append("model.size=tiny")
         self.deadline = time.monotonic() + args.minutes * 60
 
-    def run(self, name: str, module: str, *overrides: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    def run(self, name: str, module: str, *overrides: str, stdin: str | None = None,
+            prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:  # fmt: skip
         left = self.deadline - time.monotonic()
         if left < 20:
             raise TimeoutError(f"{name}: skipped, the {self.args.minutes} minutes are spent")
         extra = self.common if module == "transformer.train" else []
         folder = self.out / name
-        done = subprocess.run([sys.executable, "-m", module, *overrides, *extra, f"hydra.run.dir={folder}"],
-                              cwd=ROOT, capture_output=True, text=True, input=stdin, timeout=left)  # fmt: skip
+        command = [*prefix, sys.executable, "-m", module, *overrides, *extra, f"hydra.run.dir={folder}"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, input=stdin, timeout=left)
         (self.out / f"{name}.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
@@ -169,6 +175,37 @@ def flash(check: Check, report: Report) -> None:
            + "\n".join(f"- {line}" for line in translated.stdout.splitlines()))  # fmt: skip
 
 
+def host_profile(check: Check, report: Report) -> None:
+    """py-spy samples the base model's training; the samples inside the training loop, by the line that holds
+    them (self) and by this project's frames (inclusive): on a GPU the host should mostly wait, at the readout."""
+    spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    if spy is None:
+        report("## Host profile: skipped, py-spy is neither beside Python nor on the PATH")
+        return
+    steps = 20 if check.args.smoke else 300
+    raw = check.out / "host_profile.txt"
+    check.run("host_profile", "transformer.train", RECIPE, "model=base", f"trainer.max_steps={steps}",
+              "trainer.limit_val_batches=0", *NO_CHECKPOINTS,
+              prefix=(spy, "record", "--rate", "200", "--format", "raw", "--output", str(raw), "--"))  # fmt: skip
+    own, ours, total = Counter(), Counter(), 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not any("training_epoch_loop.py" in f for f in frames):
+            continue  # start-up, data preparation, the end of the run
+        total += int(count)
+        own[frames[-1]] += int(count)
+        for frame in {f for f in frames if "(transformer/" in f and "(transformer/train.py" not in f}:
+            ours[frame] += int(count)  # train.py holds the whole loop
+    rows = [f"{title}:\n" + "\n".join(f"- {n / total:.1%} {frame[:140]}" for frame, n in counter.most_common(12))
+            for title, counter in (("Self", own), ("This project's frames, inclusive", ours))]  # fmt: skip
+    report(f"## Host profile of {steps} base-model training steps (py-spy, {total / 200:.1f} s in the loop)\n"
+           + "\n\n".join(rows))  # fmt: skip
+
+
+STAGES = {stage.__name__: stage for stage in (kernels_and_syncs, mfu, recipe, flash, host_profile)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu_check")
@@ -179,6 +216,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=8.0, help="stages that would start later are skipped")
     parser.add_argument("--mfu-steps", type=int, default=40)
     parser.add_argument("--recipe-steps", type=int, default=1000)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training run")
+    parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="default: all")
     args = parser.parse_args()
     data = find_multi30k(args.data)
     if args.stage:
@@ -192,13 +231,13 @@ def main() -> None:
     environment(report)
     check = Check(args, data, report)
     failed = 0
-    for stage in (kernels_and_syncs, mfu, recipe, flash):
+    for stage in [STAGES[name] for name in args.stages]:
         try:
             stage(check, report)
         except (RuntimeError, TimeoutError, subprocess.TimeoutExpired, OSError, KeyError, StopIteration) as e:
             failed += 1
             report(f"## {stage.__name__}: FAILED\n- {e}")
-    report(f"\n{failed} of 4 stages failed" if failed else "\nall stages ran")
+    report(f"\n{failed} of {len(args.stages)} stages failed" if failed else "\nall stages ran")
     sys.exit(1 if failed else 0)
 
 

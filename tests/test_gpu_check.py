@@ -9,7 +9,7 @@ import pytest
 from .helpers import MULTI30K, ROOT
 
 STAGES = ("## Environment", "## Kernels of", "## Host syncs", "## MFU through the Trainer", "## The GPU recipe for",
-          "## runtime.attention_backend=auto, padding-free")  # fmt: skip
+          "## runtime.attention_backend=auto, padding-free", "## Host profile of")  # fmt: skip
 
 
 @pytest.mark.slow  # every stage as a subprocess of the real commands: about 2 minutes
@@ -21,3 +21,4 @@ def test_gpu_check_runs_every_stage_in_its_smoke_mode(tmp_path, multi30k_cache):
     assert done.returncode == 0, report + done.stderr[-2000:]
     assert [stage in report for stage in STAGES] == [True] * len(STAGES) and report.rstrip().endswith("all stages ran")
     assert "wall clock: training steps" in report and "| base |" in report and "| big |" in report
+    assert "(transformer/model/" in report.split("## Host profile of")[1]  # py-spy saw the model's lines

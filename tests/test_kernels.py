@@ -8,7 +8,8 @@ import torch
 
 from transformer.kernel_calls import PHASES, attention_calls, kernel_table, run_phase, synthetic_batch
 from transformer.model import ModelConfig, RuntimeConfig, build_model
-from transformer.model.kernels import SdpaCall, check_backend, cuda_kernel
+from transformer.model.attention import SDPA_BACKENDS, sdpa_backend
+from transformer.model.kernels import DENSE_ORDER, SdpaCall, check_backend, cuda_kernel
 
 BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 V = 40
@@ -70,14 +71,15 @@ def test_the_rules_follow_pytorchs_order_and_constraints():
     dense = dict(site="decoder.layers.0.self_attn", nested=False, batch=8, heads=8, q_len=20, k_len=20, min_len=20,
                  head_dim=64, dtype=torch.bfloat16, mask=None, is_causal=True, dropout=0.0,
                  enabled=frozenset(("flash", "efficient", "cudnn", "math")), deterministic=False)  # fmt: skip
-    call = SdpaCall(**dense)
-    assert cuda_kernel(call)[0] == "cudnn"  # sm90 with cuDNN 9.20 tries cuDNN first
-    assert cuda_kernel(SdpaCall(**dense | dict(dropout=0.1)))[0] == "flash"  # cuDNN: dropout in 1/16 steps
-    assert cuda_kernel(SdpaCall(**dense | dict(dropout=0.125)))[0] == "cudnn"
-    assert cuda_kernel(SdpaCall(**dense | dict(deterministic=True)))[0] == "flash"
+    assert cuda_kernel(SdpaCall(**dense))[0] == "flash"  # auto's order: flash, efficient, cuDNN, math
+    cudnn = dense | dict(enabled=frozenset(("cudnn", "math")))
+    assert cuda_kernel(SdpaCall(**cudnn))[0] == "cudnn"
+    assert cuda_kernel(SdpaCall(**cudnn | dict(dropout=0.1)))[0] == "math"  # cuDNN: dropout in 1/16 steps
+    assert cuda_kernel(SdpaCall(**cudnn | dict(dropout=0.125)))[0] == "cudnn"
+    assert cuda_kernel(SdpaCall(**cudnn | dict(deterministic=True)))[0] == "math"
+    assert cuda_kernel(SdpaCall(**cudnn | dict(q_len=1, is_causal=False, k_len=1)))[0] == "math"  # one key
     assert cuda_kernel(SdpaCall(**dense | dict(mask="bool 4-D", is_causal=False, dropout=0.1)))[0] == "efficient"
     assert cuda_kernel(SdpaCall(**dense | dict(dtype=torch.float32)))[0] == "efficient"  # flash: fp16/bf16 only
-    assert cuda_kernel(SdpaCall(**dense | dict(q_len=1, is_causal=False, k_len=1)))[0] == "flash"  # cuDNN: one key
     assert cuda_kernel(SdpaCall(**dense | dict(head_dim=320)))[0] == "efficient"  # above 256
     assert cuda_kernel(SdpaCall(**dense | dict(nested=True, is_causal=False)))[0] == "flash"  # jagged: flash first
     jagged_fp32 = dense | dict(nested=True, is_causal=False, dtype=torch.float32)
@@ -87,6 +89,19 @@ def test_the_rules_follow_pytorchs_order_and_constraints():
     assert cuda_kernel(SdpaCall(**dense | dict(nested=True, mask="bool 4-D")))[0] is None  # jagged takes no mask
     only_flash = frozenset(("flash",))
     assert cuda_kernel(SdpaCall(**dense | dict(enabled=only_flash, mask="bool 4-D", is_causal=False)))[0] is None
+
+
+def test_auto_tries_cudnn_after_flash_and_efficient_on_cuda():
+    """PyTorch's own order on sm90 puts cuDNN first, whose cost per call made an H200's training steps 2.6x slower:
+    auto sets the order the rules judge by (DENSE_ORDER) around each CUDA call, and leaves a CPU's alone."""
+    default = torch._C._get_sdp_priority_order()
+    with sdpa_backend("auto", "cuda"):
+        on_cuda = torch._C._get_sdp_priority_order()
+    with sdpa_backend("auto", "cpu"):
+        on_cpu = torch._C._get_sdp_priority_order()
+    names = {int(kernel): name for name, kernel in SDPA_BACKENDS.items() if kernel is not None}
+    assert tuple(names[i] for i in on_cuda if i in names) == DENSE_ORDER == ("flash", "efficient", "cudnn", "math")
+    assert on_cpu == default == torch._C._get_sdp_priority_order()
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "padding-free"])

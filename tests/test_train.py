@@ -13,10 +13,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformer.allocator import HINT, jemalloc_library
 from transformer.cli import check_overrides
 from transformer.data import TranslationDataModule
+from transformer.model import RuntimeConfig
+from transformer.model.kernels import cuda_kernel, record_sdpa
 from transformer.train import model_config, train
 from transformer.training import OptimConfig, TranslationModule, ValidationConfig
 from transformer.training.module import lr_factor
 from transformer.training.resume import run_dir_for
+from transformer.training.tensorboard import TensorBoardSamples
 
 from .helpers import (
     MULTI30K,
@@ -251,6 +254,29 @@ def test_tensorboard_holds_scalars_text_and_attention_images(runs):
         for layer in range(2):
             image = events.Images(f"attention/{kind}/layer{layer}")[-1]
             assert image.width > image.height > 0
+
+
+def test_attention_maps_run_in_the_runs_precision_which_flash_requires(corpus, tmp_path):
+    """TensorBoard's attention maps are a forward pass of their own after validation: in a bf16 run it computes in
+    bf16 too, since a GPU's flash kernel has none for float32 (an H200 run of runtime.attention_backend=flash stopped
+    there). Every recorded call is judged by sm90's rules."""
+    data = TranslationDataModule(config(corpus / "c", corpus, max_tokens=400))
+    data.setup()
+    runtime = RuntimeConfig(attention_backend="flash", padding_free_attention=True)
+    module = TranslationModule(**TranslationModule.hyperparameters(model_config({"size": "tiny"}, data), OptimConfig(),
+                                                                   ValidationConfig(bleu_every=0), runtime))  # fmt: skip
+    trainer = pl.Trainer(max_steps=1, precision="bf16-mixed", num_sanity_val_steps=0, limit_val_batches=1,
+                         val_check_interval=1, logger=pl.loggers.TensorBoardLogger(tmp_path, name="", version=""),
+                         callbacks=[TensorBoardSamples()], enable_checkpointing=False, enable_progress_bar=False,
+                         use_distributed_sampler=False, default_root_dir=tmp_path)  # fmt: skip
+    with record_sdpa(module.model) as calls:
+        trainer.fit(module, datamodule=data)
+    maps = [c for c in calls if c.batch == 1]  # the one sentence of the maps' pass
+    assert maps and all(c.site.startswith("encoder.") for c in maps)
+    assert [c for c in calls if cuda_kernel(c)[0] != "flash"] == []
+    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    events.Reload()
+    assert "attention/cross/layer0" in events.Tags()["images"]
 
 
 # The overfitted run, whose scores climb (run A's, 20 steps in, are all 0: it translates to nothing yet)

@@ -39,10 +39,24 @@ def explicit_is_faster(device_type: str, dtype: torch.dtype, needs_grad: bool, k
     return device_type == "cpu" and reduced and needs_grad and k_len <= CPU_EXPLICIT_MAX_KEYS
 
 
-def sdpa_backend(backend: str):
-    """The context that restricts scaled_dot_product_attention to `backend`'s kernel ("auto": PyTorch's choice)."""
+# On sm90 and sm100 PyTorch tries cuDNN first, and cuDNN's host cost per call (a plan per new shape, it seems) made
+# an H200's training steps 2.6x slower than the efficient kernel's over batches by length (docs/scaling.md): auto
+# tries it after flash and efficient. (Nested jagged inputs keep PyTorch's fixed order.)
+AUTO_ORDER_CUDA = [
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.MATH,
+]
+
+
+def sdpa_backend(backend: str, device_type: str):
+    """The context that restricts scaled_dot_product_attention to `backend`'s kernel; "auto": PyTorch's choice, on
+    CUDA in AUTO_ORDER_CUDA."""
     kernel = SDPA_BACKENDS[backend]
-    return nullcontext() if kernel is None else sdpa_kernel(kernel)
+    if kernel is not None:
+        return sdpa_kernel(kernel)
+    return sdpa_kernel(AUTO_ORDER_CUDA, set_priority=True) if device_type == "cuda" else nullcontext()
 
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float):
@@ -87,7 +101,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: floa
     """The kernel for these inputs: padding-free where the mask packs, explicit where weights are wanted or it is
     faster (explicit_is_faster), else SDPA. q, k, v (B, nh, T, hs) -> (output (B, nh, L, hs), weights or None)."""
     if mask.keys is not None and not need_weights:
-        with sdpa_backend(backend):
+        with sdpa_backend(backend, q.device.type):
             return padding_free_attention(q, k, v, mask.keys, mask.queries, dropout_p), None
     weights = None
     if need_weights or (backend == "auto" and explicit_is_faster(q.device.type, q.dtype, q.requires_grad, k.size(2))):
@@ -97,7 +111,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: floa
         if backend == "flash" and mask.sdpa is not None and q.is_cuda:  # SDPA would only say "No available kernel"
             raise ValueError("a GPU's flash attention takes no mask: pack the real tokens instead (padding_free=True, "
                              "runtime.padding_free_attention=true) or choose another backend")  # fmt: skip
-        with sdpa_backend(backend):
+        with sdpa_backend(backend, q.device.type):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask.sdpa, dropout_p=dropout_p, is_causal=mask.is_causal
             )

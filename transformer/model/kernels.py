@@ -21,9 +21,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from . import attention
 from .config import ModelConfig, RuntimeConfig
 
-# On sm90 with cuDNN >= 9.15, PyTorch 2.13 tries cuDNN first for dense inputs (check_prefer_cudnn_attention);
-# nested jagged inputs keep a fixed order of their own, with cuDNN after math
-DENSE_ORDER = ("cudnn", "flash", "efficient", "math")
+# On sm90 with cuDNN >= 9.15, PyTorch 2.13 would try cuDNN first for dense inputs (check_prefer_cudnn_attention);
+# backend=auto sets the order that attention.AUTO_ORDER_CUDA names instead. Nested jagged inputs keep a fixed order
+# of their own, with cuDNN after math
+_NAMES = {kernel: name for name, kernel in attention.SDPA_BACKENDS.items()}
+DENSE_ORDER = tuple(_NAMES[kernel] for kernel in attention.AUTO_ORDER_CUDA)
 JAGGED_ORDER = ("flash", "efficient", "math", "cudnn")
 REDUCED = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256  # flash; cuDNN on sm90 from cuDNN 9.10
@@ -148,7 +150,7 @@ def check_backend(model: ModelConfig, runtime: RuntimeConfig, device_type: str, 
         return
     if backend == "cudnn":
         raise ValueError("runtime.attention_backend=cudnn: cuDNN's kernel takes no attention over a single key, which "
-                         "every search's first decoding step is; use auto, which tries cuDNN first on an sm90 GPU")  # fmt: skip
+                         "every search's first decoding step is; use auto (flash, efficient, then cuDNN)")  # fmt: skip
     if backend == "efficient" and head_dim % 8:
         raise ValueError(f"runtime.attention_backend=efficient needs a head dim that is a multiple of 8, this model "
                          f"has d_model / n_heads = {head_dim}; change model.d_model or model.n_heads")  # fmt: skip

@@ -83,8 +83,9 @@ class TensorBoardSamples(Callback):
         tgt_in = torch.tensor([[tok.bos_id] + list(example["tgt_ids"])], device=module.device)
         training = module.training
         module.eval()
-        try:
-            maps = attention_maps(module.model, src, tgt_in)
+        try:  # in the run's precision, as validation: a GPU's flash kernel takes no float32
+            with trainer.precision_plugin.forward_context():
+                maps = attention_maps(module.model, src, tgt_in)
         finally:
             module.train(training)
         return {name: heatmap(weights.cpu(), self.scale) for name, weights in maps.items()}
