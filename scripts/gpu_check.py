@@ -16,17 +16,17 @@ DDP is not checked: one GPU cannot show it.
     python scripts/gpu_check.py --stage          # once, where the data is: copies Multi30k (2.5 MB) beside this script
     python scripts/gpu_check.py --out OUT        # on the GPU machine (the device tool: carry scripts/gpu_check_data)
     python scripts/gpu_check.py --smoke --out OUT  # on a CPU: the tiny model, a few steps, to check the script itself
-    python scripts/gpu_check.py --out OUT runtime.attention_backend=efficient --stages mfu host_profile  # overrides, some stages
+    python scripts/gpu_check.py --out OUT --stages mfu,host_profile runtime.attention_backend=efficient  # some stages, overrides
 """
 
 import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -78,8 +78,16 @@ class Check:
             raise TimeoutError(f"{name}: skipped, the {self.args.minutes} minutes are spent")
         extra = self.common if module == "transformer.train" else []
         folder = self.out / name
-        command = [*prefix, sys.executable, "-m", module, *overrides, *extra, f"hydra.run.dir={folder}"]
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, input=stdin, timeout=left)
+        # the stage's overrides last: they win over the user's (`model=big` leaves the base model's row base)
+        command = [*prefix, sys.executable, "-m", module, *extra, *overrides, f"hydra.run.dir={folder}"]
+        with subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True) as process:  # fmt: skip
+            try:
+                stdout, stderr = process.communicate(stdin, timeout=left)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)  # py-spy's child too, which would hold the GPU
+                raise
+        done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
         (self.out / f"{name}.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
@@ -115,7 +123,8 @@ def kernels_and_syncs(check: Check, report: Report) -> None:
     top = "\n".join(f"| {name[:90]} | {count} | {ms:.2f} |" for name, count, ms in found["kernels"][:12])
     from transformer.kernel_calls import predicted_kernels
 
-    predicted = predicted_kernels([RECIPE, *(["model.size=tiny"] if check.args.smoke else [])], ("training step",))
+    predicted = predicted_kernels([RECIPE, *(["model.size=tiny"] if check.args.smoke else []), *check.args.overrides],
+                                  ("training step",))  # fmt: skip
     report(f"## Kernels of {found['steps']} training steps of the recipe (torch.profiler)\nAttention kernels by family:\n"
            + "\n".join(lines) + f"\n\n| kernel | calls | GPU ms |\n|---|---:|---:|\n{top}\n\nPredicted (CPU record):\n"
            + predicted)  # fmt: skip
@@ -176,34 +185,37 @@ def flash(check: Check, report: Report) -> None:
 
 
 def host_profile(check: Check, report: Report) -> None:
-    """py-spy samples the base model's training; the samples inside the training loop, by the line that holds
-    them (self) and by this project's frames (inclusive): on a GPU the host should mostly wait, at the readout."""
+    """py-spy samples the base model's training, idle time included; of the main thread's samples inside the
+    training loop, the share of each line it was on (self) and of this project's functions (inclusive): on a GPU
+    the host should mostly wait, at the step's readout."""
     spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     if spy is None:
-        report("## Host profile: skipped, py-spy is neither beside Python nor on the PATH")
-        return
-    steps = 20 if check.args.smoke else 300
+        raise RuntimeError("py-spy is neither beside Python nor on the PATH (pip install py-spy)")
+    steps, rate = (20 if check.args.smoke else 300), 200
     raw = check.out / "host_profile.txt"
     check.run("host_profile", "transformer.train", RECIPE, "model=base", f"trainer.max_steps={steps}",
-              "trainer.limit_val_batches=0", *NO_CHECKPOINTS,
-              prefix=(spy, "record", "--rate", "200", "--format", "raw", "--output", str(raw), "--"))  # fmt: skip
-    own, ours, total = Counter(), Counter(), 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")
-        if not any("training_epoch_loop.py" in f for f in frames):
-            continue  # start-up, data preparation, the end of the run
-        total += int(count)
-        own[frames[-1]] += int(count)
-        for frame in {f for f in frames if "(transformer/" in f and "(transformer/train.py" not in f}:
-            ours[frame] += int(count)  # train.py holds the whole loop
+              "trainer.limit_val_batches=0", *NO_CHECKPOINTS, prefix=(spy, "record", "--rate", str(rate), "--idle",
+              "--nonblocking", "--format", "raw", "--output", str(raw), "--"))  # fmt: skip
+    from transformer.benchmarks.gpu import host_shares
+
+    total, own, ours = host_shares(raw.read_text())
+    if not total:
+        raise RuntimeError(f"host_profile: no sample inside the training loop in {raw}")
     rows = [f"{title}:\n" + "\n".join(f"- {n / total:.1%} {frame[:140]}" for frame, n in counter.most_common(12))
-            for title, counter in (("Self", own), ("This project's frames, inclusive", ours))]  # fmt: skip
-    report(f"## Host profile of {steps} base-model training steps (py-spy, {total / 200:.1f} s in the loop)\n"
-           + "\n\n".join(rows))  # fmt: skip
+            for title, counter in (("By line (self)", own), ("This project's functions (inclusive)", ours))]  # fmt: skip
+    report(f"## Host profile of {steps} base-model training steps (py-spy: {total:,} samples at {rate} Hz inside the "
+           f"loop, about {total / rate:.1f} s)\n" + "\n\n".join(rows))  # fmt: skip
 
 
 STAGES = {stage.__name__: stage for stage in (kernels_and_syncs, mfu, recipe, flash, host_profile)}
+
+
+def stage_names(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = [name for name in names if name not in STAGES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"no stage {', '.join(unknown)}; the stages: {','.join(STAGES)}")
+    return names
 
 
 def main() -> None:
@@ -217,8 +229,10 @@ def main() -> None:
     parser.add_argument("--mfu-steps", type=int, default=40)
     parser.add_argument("--recipe-steps", type=int, default=1000)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training run")
-    parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="default: all")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--stages", type=stage_names, default=list(STAGES), help=f"of {','.join(STAGES)} (default: all)"
+    )
+    args = parser.parse_intermixed_args()  # overrides among the options
     data = find_multi30k(args.data)
     if args.stage:
         STAGED.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from transformer.benchmarks.gpu import attention_family, host_shares
+
 from .helpers import MULTI30K, ROOT
 
 STAGES = ("## Environment", "## Kernels of", "## Host syncs", "## MFU through the Trainer", "## The GPU recipe for",
@@ -22,3 +24,31 @@ def test_gpu_check_runs_every_stage_in_its_smoke_mode(tmp_path, multi30k_cache):
     assert [stage in report for stage in STAGES] == [True] * len(STAGES) and report.rstrip().endswith("all stages ran")
     assert "wall clock: training steps" in report and "| base |" in report and "| big |" in report
     assert "(transformer/model/" in report.split("## Host profile of")[1]  # py-spy saw the model's lines
+
+
+def test_host_shares_count_the_training_loop_by_line_and_by_function():
+    loop = "<module> (transformer/train.py:183);run (pytorch_lightning/loops/training_epoch_loop.py:154)"
+    raw = "\n".join([
+        f"{loop};attend (transformer/model/attention.py:101) 30",
+        f"{loop};attend (transformer/model/attention.py:100);linear (torch/nn/functional.py:3) 10",
+        "<module> (transformer/train.py:183);prepare (transformer/data/prepare.py:10) 50",  # before the loop
+        "a line py-spy never writes",
+        f"{loop};MultiHeadAttention.forward (transformer/model/attention.py:240);attend (transformer/model/attention.py:101) 60",
+    ])  # fmt: skip
+    total, by_line, by_function = host_shares(raw)
+    assert total == 100
+    assert by_line["attend (transformer/model/attention.py:101)"] == 90
+    assert by_line["linear (torch/nn/functional.py:3)"] == 10
+    assert dict(by_function) == {"attend (transformer/model/attention.py)": 100,
+                                 "MultiHeadAttention.forward (transformer/model/attention.py)": 60}  # fmt: skip
+
+
+def test_each_attention_kernel_counts_in_one_family():
+    """cuDNN's kernels carry "flash" in their names (an H200 run listed them under both)."""
+    assert attention_family("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64") == "cudnn"
+    assert attention_family("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>") == "flash"
+    assert (
+        attention_family("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)")
+        == "efficient"
+    )
+    assert attention_family("void at::native::vectorized_elementwise_kernel<4>") is None

@@ -93,7 +93,8 @@ def test_the_rules_follow_pytorchs_order_and_constraints():
 
 def test_auto_tries_cudnn_after_flash_and_efficient_on_cuda():
     """PyTorch's own order on sm90 puts cuDNN first, whose cost per call made an H200's training steps 2.6x slower:
-    auto sets the order the rules judge by (DENSE_ORDER) around each CUDA call, and leaves a CPU's alone."""
+    auto sets the order the rules judge by (DENSE_ORDER) around each CUDA call, among the kernels enabled, and
+    leaves a CPU's alone."""
     default = torch._C._get_sdp_priority_order()
     with sdpa_backend("auto", "cuda"):
         on_cuda = torch._C._get_sdp_priority_order()
@@ -102,6 +103,12 @@ def test_auto_tries_cudnn_after_flash_and_efficient_on_cuda():
     names = {int(kernel): name for name, kernel in SDPA_BACKENDS.items() if kernel is not None}
     assert tuple(names[i] for i in on_cuda if i in names) == DENSE_ORDER == ("flash", "efficient", "cudnn", "math")
     assert on_cpu == default == torch._C._get_sdp_priority_order()
+    torch.backends.cuda.enable_cudnn_sdp(False)  # a user's choice, which auto keeps
+    try:
+        with sdpa_backend("auto", "cuda"):
+            assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "padding-free"])

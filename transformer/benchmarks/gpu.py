@@ -16,9 +16,17 @@ from ..model import ModelConfig
 # Dense bf16 peak FLOP/s (NVIDIA's data sheets, without sparsity), by what torch.cuda.get_device_name() contains
 PEAKS = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("A100", 312e12),
          ("L40S", 362e12), ("L4", 121e12), ("A10G", 70e12))  # fmt: skip
-# the fused kernels' names; the math path runs generic matmul and softmax kernels, which the loss's look like
-ATTENTION_KERNELS = (("flash", ("flash",)), ("efficient", ("fmha", "efficient", "cutlass")),
-                     ("cudnn", ("cudnn", "sdpa_")))  # fmt: skip
+# the fused kernels' names, each kernel in the first family that matches (cuDNN's are named ..._sdpa_..._flash_...);
+# the math path runs generic matmul and softmax kernels, which the loss's look like
+ATTENTION_KERNELS = (
+    ("cudnn", ("cudnn", "sdpa_")),
+    ("flash", ("flash",)),
+    ("efficient", ("fmha", "efficient", "cutlass")),
+)
+
+
+def attention_family(kernel: str) -> str | None:
+    return next((family for family, patterns in ATTENTION_KERNELS if any(p in kernel.lower() for p in patterns)), None)
 
 
 def peak_flops(device_name: str) -> float | None:
@@ -75,8 +83,9 @@ class KernelNames(Callback):
             self.profiler.stop()
             events = [e for e in self.profiler.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
             kernels = sorted(((e.key, e.count, e.device_time_total / 1e3) for e in events), key=lambda k: -k[2])
-            families = {family: [k for k in kernels if any(p in k[0].lower() for p in patterns)]
-                        for family, patterns in ATTENTION_KERNELS}  # fmt: skip
+            families = {
+                family: [k for k in kernels if attention_family(k[0]) == family] for family, _ in ATTENTION_KERNELS
+            }
             _write(self.out, "kernels", {"steps": self.steps, "kernels": kernels[:60], "attention": families})
 
 
@@ -143,3 +152,22 @@ class Throughput(Callback):
             "target_tokens_per_s": self.tokens[1] / seconds, "tflops": flops / seconds / 1e12,
             "peak_tflops": peak and peak / 1e12, "mfu": peak and flops / seconds / peak,
         })  # fmt: skip
+
+
+def host_shares(collapsed: str, loop: str = "training_epoch_loop.py") -> tuple[int, Counter, Counter]:
+    """py-spy's raw output (one "frame;frame;...;frame count" line per stack, frames as "function (file:line)"):
+    of the samples inside the training loop (a frame in `loop`, Lightning's), the count, the innermost line of each
+    (self) and this project's functions on the stack (inclusive, line numbers dropped; transformer/train.py, which
+    holds the whole loop, left out)."""
+    total, own, ours = 0, Counter(), Counter()
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not count.isdigit() or not any(loop in frame for frame in frames):
+            continue  # start-up, data preparation, the end of the run, other threads
+        total += int(count)
+        own[frames[-1]] += int(count)
+        functions = {frame.rsplit(":", 1)[0] + ")" for frame in frames if "(transformer/" in frame}
+        for function in functions - {f for f in functions if "(transformer/train.py" in f}:
+            ours[function] += int(count)
+    return total, own, ours

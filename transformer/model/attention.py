@@ -40,7 +40,7 @@ def explicit_is_faster(device_type: str, dtype: torch.dtype, needs_grad: bool, k
 
 
 # On sm90 and sm100 PyTorch tries cuDNN first, and cuDNN's host cost per call (a plan per new shape, it seems) made
-# an H200's training steps 2.6x slower than the efficient kernel's over batches by length (docs/scaling.md): auto
+# an H200's training steps 2.6x slower than the efficient kernel's over batches by length (docs/gpu_runs.md): auto
 # tries it after flash and efficient. (Nested jagged inputs keep PyTorch's fixed order.)
 AUTO_ORDER_CUDA = [
     SDPBackend.FLASH_ATTENTION,
@@ -48,15 +48,26 @@ AUTO_ORDER_CUDA = [
     SDPBackend.CUDNN_ATTENTION,
     SDPBackend.MATH,
 ]
+_ENABLED = {
+    SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled,
+    SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled,
+    SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.cudnn_sdp_enabled,
+    SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled,
+}
 
 
 def sdpa_backend(backend: str, device_type: str):
     """The context that restricts scaled_dot_product_attention to `backend`'s kernel; "auto": PyTorch's choice, on
-    CUDA in AUTO_ORDER_CUDA."""
+    CUDA among the kernels enabled (torch.backends.cuda.enable_*_sdp) in AUTO_ORDER_CUDA's order."""
     kernel = SDPA_BACKENDS[backend]
     if kernel is not None:
         return sdpa_kernel(kernel)
-    return sdpa_kernel(AUTO_ORDER_CUDA, set_priority=True) if device_type == "cuda" else nullcontext()
+    return nullcontext() if device_type != "cuda" else sdpa_kernel(_auto_order(), set_priority=True)
+
+
+@torch.compiler.assume_constant_result  # global settings: a compiled graph reads them once
+def _auto_order() -> list[SDPBackend]:
+    return [kernel for kernel in AUTO_ORDER_CUDA if _ENABLED[kernel]()]
 
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float):
