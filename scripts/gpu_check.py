@@ -131,7 +131,7 @@ def kernels_and_syncs(check: Check, report: Report) -> None:
     syncs = json.loads((check.out / "kernels" / "probes" / "syncs.json").read_text())
     where = ", ".join(f"{place} x{n}" for place, n in syncs["where"])
     report(f"## Host syncs\n- {syncs['syncs']} in {syncs['steps']} optimizer steps (expected: 1 per step, "
-           f"module.py's readout): {where or 'none'}")  # fmt: skip
+           f"training/module.py's readout): {where or 'none'}")  # fmt: skip
 
 
 def mfu(check: Check, report: Report) -> None:

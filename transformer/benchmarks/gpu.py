@@ -113,7 +113,7 @@ class SyncWarnings(Callback):
                 torch.cuda.set_sync_debug_mode(0)
             self._catcher.__exit__(None, None, None)
             syncs = [w for w in self._recorded if "synchroniz" in str(w.message)]
-            where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
+            where = Counter(f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}" for w in syncs)
             _write(self.out, "syncs", {"steps": self.steps, "syncs": len(syncs), "where": where.most_common()})
 
 
