@@ -167,7 +167,8 @@ def host_shares(collapsed: str, loop: str = "training_epoch_loop.py") -> tuple[i
             continue  # start-up, data preparation, the end of the run, other threads
         total += int(count)
         own[frames[-1]] += int(count)
-        functions = {frame.rsplit(":", 1)[0] + ")" for frame in frames if "(transformer/" in frame}
-        for function in functions - {f for f in functions if "(transformer/train.py" in f}:
+        functions = {frame.rsplit(":", 1)[0] + ")" for frame in frames
+                     if "(transformer/" in frame and "(transformer/train.py" not in frame}  # fmt: skip
+        for function in functions:  # once per stack, however deep the recursion
             ours[function] += int(count)
     return total, own, ours

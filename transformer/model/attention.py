@@ -42,18 +42,12 @@ def explicit_is_faster(device_type: str, dtype: torch.dtype, needs_grad: bool, k
 # On sm90 and sm100 PyTorch tries cuDNN first, and cuDNN's host cost per call (a plan per new shape, it seems) made
 # an H200's training steps 2.6x slower than the efficient kernel's over batches by length (docs/gpu_runs.md): auto
 # tries it after flash and efficient. (Nested jagged inputs keep PyTorch's fixed order.)
-AUTO_ORDER_CUDA = [
-    SDPBackend.FLASH_ATTENTION,
-    SDPBackend.EFFICIENT_ATTENTION,
-    SDPBackend.CUDNN_ATTENTION,
-    SDPBackend.MATH,
-]
-_ENABLED = {
-    SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled,
-    SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled,
-    SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.cudnn_sdp_enabled,
-    SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled,
-}
+AUTO_ORDER_CUDA = (  # each kernel with the switch that says whether it is enabled
+    (SDPBackend.FLASH_ATTENTION, torch.backends.cuda.flash_sdp_enabled),
+    (SDPBackend.EFFICIENT_ATTENTION, torch.backends.cuda.mem_efficient_sdp_enabled),
+    (SDPBackend.CUDNN_ATTENTION, torch.backends.cuda.cudnn_sdp_enabled),
+    (SDPBackend.MATH, torch.backends.cuda.math_sdp_enabled),
+)
 
 
 def sdpa_backend(backend: str, device_type: str):
@@ -67,7 +61,7 @@ def sdpa_backend(backend: str, device_type: str):
 
 @torch.compiler.assume_constant_result  # global settings: a compiled graph reads them once
 def _auto_order() -> list[SDPBackend]:
-    return [kernel for kernel in AUTO_ORDER_CUDA if _ENABLED[kernel]()]
+    return [kernel for kernel, enabled in AUTO_ORDER_CUDA if enabled()]
 
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float):

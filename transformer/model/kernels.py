@@ -25,7 +25,7 @@ from .config import ModelConfig, RuntimeConfig
 # backend=auto sets the order that attention.AUTO_ORDER_CUDA names instead. Nested jagged inputs keep a fixed order
 # of their own, with cuDNN after math
 _NAMES = {kernel: name for name, kernel in attention.SDPA_BACKENDS.items()}
-DENSE_ORDER = tuple(_NAMES[kernel] for kernel in attention.AUTO_ORDER_CUDA)
+DENSE_ORDER = tuple(_NAMES[kernel] for kernel, _ in attention.AUTO_ORDER_CUDA)
 JAGGED_ORDER = ("flash", "efficient", "math", "cudnn")
 REDUCED = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256  # flash; cuDNN on sm90 from cuDNN 9.10
