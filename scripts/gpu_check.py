@@ -71,8 +71,8 @@ class Check:
             self.common.append("model.size=tiny")
         self.deadline = time.monotonic() + args.minutes * 60
 
-    def run(self, name: str, module: str, *overrides: str, stdin: str | None = None,
-            prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:  # fmt: skip
+    def run(self, name: str, module: str, *overrides: str, stdin: str | None = None, prefix: tuple[str, ...] = (),
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
         left = self.deadline - time.monotonic()
         if left < 20:
             raise TimeoutError(f"{name}: skipped, the {self.args.minutes} minutes are spent")
@@ -81,7 +81,7 @@ class Check:
         # the stage's overrides last: they win over the user's (`model=big` leaves the base model's row base)
         command = [*prefix, sys.executable, "-m", module, *extra, *overrides, f"hydra.run.dir={folder}"]
         with subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True) as process:  # fmt: skip
+                              text=True, start_new_session=True, env=env) as process:  # fmt: skip
             try:
                 stdout, stderr = process.communicate(stdin, timeout=left)
             except subprocess.TimeoutExpired:
@@ -191,16 +191,23 @@ def host_profile(check: Check, report: Report) -> None:
     spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     if spy is None:
         raise RuntimeError("py-spy is neither beside Python nor on the PATH (pip install py-spy)")
-    steps, rate = (20 if check.args.smoke else 300), 200
-    raw = check.out / "host_profile.txt"
-    check.run("host_profile", "transformer.train", RECIPE, "model=base", f"trainer.max_steps={steps}",
-              "trainer.limit_val_batches=0", *NO_CHECKPOINTS, prefix=(spy, "record", "--rate", str(rate), "--idle",
-              "--nonblocking", "--format", "raw", "--output", str(raw), "--"))  # fmt: skip
+    from transformer.allocator import jemalloc_environment, jemalloc_library, jemalloc_loaded
     from transformer.benchmarks.gpu import host_shares
 
+    steps, rate = (20 if check.args.smoke else 300), 200
+    raw = check.out / "host_profile.txt"
+    # Started under jemalloc already: training that restarts itself under it (transformer/allocator.py) replaces the
+    # image py-spy reads, which then takes no sample at all
+    env = jemalloc_environment(dict(os.environ), jemalloc_library(), jemalloc_loaded())
+    done = check.run("host_profile", "transformer.train", RECIPE, "model=base", f"trainer.max_steps={steps}",
+                     "trainer.limit_val_batches=0", *NO_CHECKPOINTS, env=env, prefix=(spy, "record", "--rate",
+                     str(rate), "--idle", "--nonblocking", "--format", "raw", "--output", str(raw), "--"))  # fmt: skip
     total, own, ours = host_shares(raw.read_text())
     if not total:
-        raise RuntimeError(f"host_profile: no sample inside the training loop in {raw}")
+        said = [line.strip() for line in (done.stdout + done.stderr).splitlines() if "Samples:" in line]
+        raise RuntimeError(
+            f"host_profile: no sample inside the training loop in {raw}: {said or 'py-spy gave no count'}"
+        )
     rows = [f"{title}:\n" + "\n".join(f"- {n / total:.1%} {frame[:140]}" for frame, n in counter.most_common(12))
             for title, counter in (("By line (self)", own), ("This project's functions (inclusive)", ours))]  # fmt: skip
     report(f"## Host profile of {steps} base-model training steps (py-spy: {total:,} samples at {rate} Hz inside the "
