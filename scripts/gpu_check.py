@@ -191,14 +191,14 @@ def host_profile(check: Check, report: Report) -> None:
     spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     if spy is None:
         raise RuntimeError("py-spy is neither beside Python nor on the PATH (pip install py-spy)")
-    from transformer.allocator import jemalloc_environment, jemalloc_library, jemalloc_loaded
+    from transformer.allocator import jemalloc_environment, jemalloc_library
     from transformer.benchmarks.gpu import host_shares
 
     steps, rate = (20 if check.args.smoke else 300), 200
     raw = check.out / "host_profile.txt"
     # Started under jemalloc already: training that restarts itself under it (transformer/allocator.py) replaces the
     # image py-spy reads, which then takes no sample at all
-    env = jemalloc_environment(dict(os.environ), jemalloc_library(), jemalloc_loaded())
+    env = jemalloc_environment(dict(os.environ), jemalloc_library(), "libjemalloc" in os.environ.get("LD_PRELOAD", ""))
     done = check.run("host_profile", "transformer.train", RECIPE, "model=base", f"trainer.max_steps={steps}",
                      "trainer.limit_val_batches=0", *NO_CHECKPOINTS, env=env, prefix=(spy, "record", "--rate",
                      str(rate), "--idle", "--nonblocking", "--format", "raw", "--output", str(raw), "--"))  # fmt: skip

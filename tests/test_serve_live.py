@@ -76,12 +76,13 @@ def test_sigterm_under_load_answers_every_accepted_request(trained):
     is answered (200), the rest refused; none is cut off mid-answer. A connection whose request the server never read
     (still in the kernel's backlog, or accepted by uvicorn but not yet read: it closes those at shutdown) is reset or
     closed before any byte of an answer, which counts as refused only after the SIGTERM. That a request the server
-    had read is not among them, the server says: uvicorn logs an error for each one it cancels."""
+    had read is not among them, the server says: it answers some after the SIGTERM (one that died at once would
+    answer none), and uvicorn logs an error for each one it cancels."""
     tmp, _, ckpt = trained
     sources = (tmp / "c" / "test.de").read_text().splitlines()
     process, url = start(ckpt)
     outcomes, stop, terminated = [], threading.Event(), threading.Event()
-    unread = (ConnectionResetError, http.client.RemoteDisconnected)
+    unread = ConnectionError  # reset, closed (RemoteDisconnected) or a broken pipe: no byte of an answer came
 
     def client(i: int) -> None:
         n = 0
@@ -91,6 +92,7 @@ def test_sigterm_under_load_answers_every_accepted_request(trained):
             n += 1
             try:
                 response = urllib.request.urlopen(request, timeout=60)  # returns once the status line came
+                late = terminated.is_set()
             except Exception as e:  # URLError wraps what failed in connecting and sending, not in the status line
                 reason = e.reason if isinstance(e, urllib.error.URLError) else e
                 refused = (
@@ -103,25 +105,29 @@ def test_sigterm_under_load_answers_every_accepted_request(trained):
             try:
                 with response:
                     json.loads(response.read())
-                outcomes.append("answered")
+                outcomes.append("answered after SIGTERM" if late else "answered")
             except Exception as e:  # cut off mid-answer
                 outcomes.append(f"lost: {e!r}")
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(64)]
     for thread in threads:
         thread.start()
-    time.sleep(5)
-    terminated.set()
-    process.send_signal(signal.SIGTERM)
-    # uvicorn finishes the accepted requests, then raises the signal again: the exit status says SIGTERM ended it
-    assert process.wait(timeout=90) == -signal.SIGTERM, process.communicate()[1][-2000:]
-    said = process.communicate()[1]
-    assert "ERROR" not in said and "Traceback" not in said, said[-2000:]
-    stop.set()
+    try:
+        time.sleep(5)
+        terminated.set()
+        process.send_signal(signal.SIGTERM)
+        said = process.communicate(timeout=90)[1]  # read as it comes: a server blocked on a full pipe never exits
+    finally:
+        stop.set()
+        process.kill()  # nothing if it has exited
     for thread in threads:
         thread.join(timeout=60)
+    # uvicorn finishes the accepted requests, then raises the signal again: the exit status says SIGTERM ended it
+    assert process.returncode == -signal.SIGTERM, said[-2000:]
+    assert "ERROR" not in said and "Traceback" not in said, said[-2000:]
     lost = [o for o in outcomes if o.startswith("lost")]
-    assert outcomes.count("answered") > 64 and not lost, lost[:3]
+    answered, late = outcomes.count("answered"), outcomes.count("answered after SIGTERM")
+    assert answered > 64 and late > 0 and not lost, (answered, late, lost[:3])
 
 
 @pytest.mark.slow  # a server process and 3,000 requests
