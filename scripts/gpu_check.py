@@ -191,17 +191,16 @@ def host_profile(check: Check, report: Report) -> None:
     spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     if spy is None:
         raise RuntimeError("py-spy is neither beside Python nor on the PATH (pip install py-spy)")
-    from transformer.allocator import jemalloc_environment, jemalloc_library
+    from transformer.allocator import preloaded_environment
     from transformer.benchmarks.gpu import host_shares
 
     steps, rate = (20 if check.args.smoke else 300), 200
     raw = check.out / "host_profile.txt"
-    # Started under jemalloc already: training that restarts itself under it (transformer/allocator.py) replaces the
-    # image py-spy reads, which then takes no sample at all
-    env = jemalloc_environment(dict(os.environ), jemalloc_library(), "libjemalloc" in os.environ.get("LD_PRELOAD", ""))
+    spied = (spy, "record", "--rate", str(rate), "--idle", "--nonblocking", "--format", "raw", "--output", str(raw),
+             "--")  # fmt: skip
+    # under jemalloc from the start: a restart would replace the image py-spy reads
     done = check.run("host_profile", "transformer.train", RECIPE, "model=base", f"trainer.max_steps={steps}",
-                     "trainer.limit_val_batches=0", *NO_CHECKPOINTS, env=env, prefix=(spy, "record", "--rate",
-                     str(rate), "--idle", "--nonblocking", "--format", "raw", "--output", str(raw), "--"))  # fmt: skip
+                     "trainer.limit_val_batches=0", *NO_CHECKPOINTS, prefix=spied, env=preloaded_environment())  # fmt: skip
     total, own, ours = host_shares(raw.read_text())
     if not total:
         said = [line.strip() for line in (done.stdout + done.stderr).splitlines() if "Samples:" in line]

@@ -35,6 +35,14 @@ def jemalloc_environment(env: dict[str, str], library: str | None, loaded: bool)
     return {**env, "LD_PRELOAD": preload, "MALLOC_CONF": env.get("MALLOC_CONF", MALLOC_CONF), OPT_OUT: "jemalloc"}
 
 
+def preloaded_environment() -> dict[str, str] | None:
+    """The environment that starts transformer.train under jemalloc from the outset, for a tool that follows the
+    process it starts (py-spy): a restart would replace the image it reads. None: the inherited one will do. Judged
+    by what the child inherits (LD_PRELOAD), not by what this process has loaded."""
+    env = dict(os.environ)
+    return jemalloc_environment(env, jemalloc_library(), "libjemalloc" in env.get("LD_PRELOAD", ""))
+
+
 def allocator_hint(device_type: str) -> str | None:
     """A one-line note for a CPU run under glibc's malloc that did not choose it."""
     if device_type != "cpu" or jemalloc_loaded() or os.environ.get(OPT_OUT) == "system":
