@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer.model.attention import SDPA_BACKENDS, KVCache, MultiHeadAttention
-from transformer.model.masks import attention_mask, causal
+from transformer.model.masks import attention_mask, causal, future_table
 
 D, H = 16, 4
 
@@ -445,9 +445,10 @@ def test_causal_alone_keeps_sdpa_s_own_causal_kernel():
     called per layer or built once by the model."""
     for mask in (
         attention_mask(None, None, batch=2, heads=4, q_len=5, k_len=5, is_causal=True),
-        causal(5, 5, None, None),
+        causal(5, 5, None, future_table(8)),
     ):
         assert mask.sdpa is None and mask.is_causal and mask.dead is None
+        assert torch.equal(mask.explicit.reshape(5, 5), torch.ones(5, 5, dtype=torch.bool).triu(1))  # the explicit's
     seen = []
     real = F.scaled_dot_product_attention
     attention = MultiHeadAttention(16, 4)

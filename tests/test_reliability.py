@@ -35,13 +35,14 @@ def small(tmp_path_factory) -> list[str]:
 
 
 class NaNLogitsAt(pl.Callback):
-    """From a given step on, the model's logits are NaN (as a numerical blow-up would make them)."""
+    """From a given step on, the decoder's output states, hence the logits, are NaN (as a numerical blow-up would make
+    them)."""
 
     def __init__(self, step: int):
         self.step = step
 
     def on_train_start(self, trainer, module):
-        module.model.output.register_forward_hook(
+        module.model.decoder.register_forward_hook(
             lambda m, i, out: out * float("nan") if m.training and trainer.global_step >= self.step else None
         )
 

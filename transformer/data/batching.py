@@ -172,14 +172,15 @@ class TokenDataset(torch.utils.data.Dataset):
 class Collate:
     """Pads a list of examples into a batch dict:
     src (B, S) = ids + EOS; tgt_in (B, T) = BOS + ids; tgt_out (B, T) = ids + EOS; index (B,) of examples;
-    src_lengths (B,) real source tokens per row. And, as Python values that stay on the host (Lightning moves only
-    tensors) so that the training step never waits on the device for them: src_tokens and tgt_tokens, the real
-    tokens of src and tgt_out, and src_padded, whether some source is shorter than the longest."""
+    src_lengths (B,) real source tokens per row; tgt_positions (N,) the flat positions b * T + t of the N real target
+    tokens and tgt_labels (N,) their ids, where the loss is computed. And, as Python values that stay on the host
+    (Lightning moves only tensors) so that the training step never waits on the device for them: src_tokens and
+    tgt_tokens, the real tokens of src and tgt_out, and src_padded, whether some source is shorter than the longest."""
 
     def __init__(self, pad_id: int, bos_id: int, eos_id: int):
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
 
-    def _pad(self, seqs: list[np.ndarray], before: int | None, after: int | None) -> torch.Tensor:
+    def _pad(self, seqs: list[np.ndarray], before: int | None, after: int | None) -> np.ndarray:
         extra = (before is not None) + (after is not None)
         out = np.full((len(seqs), max(len(s) for s in seqs) + extra), self.pad_id, dtype=np.int64)
         for row, s in enumerate(seqs):
@@ -189,15 +190,19 @@ class Collate:
             out[row, start : start + len(s)] = s
             if after is not None:
                 out[row, start + len(s)] = after
-        return torch.from_numpy(out)
+        return out
 
     def __call__(self, examples: list[tuple[np.ndarray, np.ndarray, int]]) -> dict:
         src, tgt, index = zip(*examples)
         src_lengths = np.array([len(s) + 1 for s in src])  # with EOS
+        tgt_out = self._pad(tgt, None, self.eos_id)
+        positions = np.flatnonzero(tgt_out != self.pad_id)  # (N,)
         return {
-            "src": self._pad(src, None, self.eos_id),
-            "tgt_in": self._pad(tgt, self.bos_id, None),
-            "tgt_out": self._pad(tgt, None, self.eos_id),
+            "src": torch.from_numpy(self._pad(src, None, self.eos_id)),
+            "tgt_in": torch.from_numpy(self._pad(tgt, self.bos_id, None)),
+            "tgt_out": torch.from_numpy(tgt_out),
+            "tgt_positions": torch.from_numpy(positions),
+            "tgt_labels": torch.from_numpy(tgt_out.ravel()[positions]),
             "index": torch.tensor(index),
             "src_lengths": torch.from_numpy(src_lengths),
             "src_tokens": int(src_lengths.sum()),

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .casting import cast_once
 from .kv_cache import KVCache
 from .layout import SequenceLayout
 from .masks import AttentionMask, attention_mask, check_mask, key_padding
@@ -104,10 +105,10 @@ def padding_free_attention(q: Tensor, k: Tensor, v: Tensor, keys: SequenceLayout
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: float, backend: str,
            need_weights: bool) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """The kernel for these inputs: padding-free where the mask packs, explicit where weights are wanted or it is
-    faster (explicit_is_faster), else SDPA. q, k, v (B, nh, T, hs) -> (output (B, nh, L, hs), weights or None)."""
+    faster (explicit_is_faster), else SDPA, among the kernels the caller's sdpa_backend context allows.
+    q, k, v (B, nh, T, hs) -> (output (B, nh, L, hs), weights or None)."""
     if mask.keys is not None and not need_weights:
-        with sdpa_backend(backend, q.device.type):
-            return padding_free_attention(q, k, v, mask.keys, mask.queries, dropout_p), None
+        return padding_free_attention(q, k, v, mask.keys, mask.queries, dropout_p), None
     weights = None
     if need_weights or (backend == "auto" and explicit_is_faster(q.device.type, q.dtype, q.requires_grad, k.size(2))):
         y, weights = explicit_attention(q, k, v, mask.explicit, dropout_p)
@@ -116,14 +117,16 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: floa
         if backend == "flash" and mask.sdpa is not None and q.is_cuda:  # SDPA would only say "No available kernel"
             raise ValueError("a GPU's flash attention takes no mask: pack the real tokens instead (padding_free=True, "
                              "runtime.padding_free_attention=true) or choose another backend")  # fmt: skip
-        with sdpa_backend(backend, q.device.type):
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask.sdpa, dropout_p=dropout_p, is_causal=mask.is_causal
-            )
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.sdpa, dropout_p=dropout_p, is_causal=mask.is_causal)
     if mask.dead is not None:
         y = y.masked_fill(mask.dead, 0.0)
         weights = None if weights is None else weights.masked_fill(mask.dead, 0.0)
     return y, weights
+
+
+def _parts(w: Tensor, b: Tensor | None, sizes: list[int]) -> tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]:
+    """The fused in-projection's weight and bias split by output rows into views: (weights, biases)."""
+    return w.split(sizes), (None,) * len(sizes) if b is None else b.split(sizes)
 
 
 def grouped(q: Tensor, g: int) -> Tensor:
@@ -151,8 +154,9 @@ class MultiHeadAttention(nn.Module):
     (auto, flash, efficient, cudnn, math). With `padding_free`, attention with only a key padding mask runs over each
     sequence's real tokens (nested jagged tensors) instead of masking padded ones.
 
-    Masks come nn.MultiheadAttention's way (key_padding_mask, attn_mask, is_causal), built on each call, or as an
-    AttentionMask (`mask=`) that the model builds once per batch for all layers: the faster way in.
+    Masks come nn.MultiheadAttention's way (key_padding_mask, attn_mask, is_causal), built on each call, which also
+    sets the kernel order (`backend`) around the call; or as an AttentionMask (`mask=`) that the model builds once
+    per batch for all layers, inside the kernel order its forward set once (sdpa_backend): the faster way in.
     """
 
     def __init__(
@@ -182,10 +186,11 @@ class MultiHeadAttention(nn.Module):
         if bias:
             nn.init.zeros_(self.out_proj.bias)
 
-    def _project(self, x: Tensor, part: slice) -> Tensor:
-        w = self.in_proj_weight[part]
-        b = None if self.in_proj_bias is None else self.in_proj_bias[part]
-        return F.linear(x, w, b)
+    def _in_proj(self) -> tuple[Tensor, Tensor | None]:
+        """The fused in-projection's weight (3d, d) and bias, each cast once for all of this call's matmuls: the parts
+        are views of it, whose gradients meet in one op (slices of the parameter would each be cast, and each
+        slice's backward would write a zero-filled (3d, d) copy)."""
+        return cast_once(self.in_proj_weight), None if self.in_proj_bias is None else cast_once(self.in_proj_bias)
 
     def _split_heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
@@ -211,16 +216,19 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"cache holds batch {cache.k.size(0)}, keys have batch {key.size(0)}; reorder or reset the cache"
             )
+        w, b = self._in_proj()
         if cache is not None and cache.static and cache.k is not None:  # cross-attention: K, V projected on step one
-            return self._split_heads(self._project(query, slice(0, d))), cache.k, cache.v
+            (w_q, _), (b_q, _) = _parts(w, b, [d, 2 * d])
+            return self._split_heads(F.linear(query, w_q, b_q)), cache.k, cache.v
         if key is query and value is query:  # self-attention: Q, K, V in one matmul
-            q, k, v = self._project(query, slice(None)).split(d, dim=-1)
+            q, k, v = F.linear(query, w, b).split(d, dim=-1)
+        elif key is value:  # K and V from one source: one matmul
+            (w_q, w_kv), (b_q, b_kv) = _parts(w, b, [d, 2 * d])
+            q = F.linear(query, w_q, b_q)
+            k, v = F.linear(key, w_kv, b_kv).split(d, dim=-1)
         else:
-            q = self._project(query, slice(0, d))
-            if key is value:  # K and V from one source: one matmul
-                k, v = self._project(key, slice(d, None)).split(d, dim=-1)
-            else:
-                k, v = self._project(key, slice(d, 2 * d)), self._project(value, slice(2 * d, None))
+            (w_q, w_k, w_v), (b_q, b_k, b_v) = _parts(w, b, [d, d, d])
+            q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
         q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, nh, S, hs): every step's so far
@@ -253,10 +261,14 @@ class MultiHeadAttention(nn.Module):
                 "query rows sharing a key row take a key_padding_mask or mask= only, not attn_mask/is_causal"
             )
         q = grouped(q, g)  # (Bk, nh, g*L, hs): a key row's queries side by side
-        if mask is None:
+        dropout = self.dropout if self.training else 0.0
+        if mask is None:  # nn.MultiheadAttention's way: this call builds its masks and sets its kernel order
             mask = self._mask(q, k, key_padding_mask, attn_mask, is_causal, need_weights or cache is not None,
                               key is query)  # fmt: skip
-        y, weights = attend(q, k, v, mask, self.dropout if self.training else 0.0, self.backend, need_weights)
+            with sdpa_backend(self.backend, q.device.type):
+                y, weights = attend(q, k, v, mask, dropout, self.backend, need_weights)
+        else:  # the model's way: its forward set the kernel order once for every layer (EncoderDecoder)
+            y, weights = attend(q, k, v, mask, dropout, self.backend, need_weights)
         y, weights = ungrouped(y, g), None if weights is None else ungrouped(weights, g)  # (B, nh, L, hs|S)
         B, L, d = query.shape
         y = y.transpose(1, 2).reshape(B, L, d)  # (B, L, d)

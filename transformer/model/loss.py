@@ -8,25 +8,32 @@ from .layout import SequenceLayout
 from .transformer import EncoderDecoder
 
 
+def target_positions(tgt_out: Tensor, pad_id: int, tokens: int | None = None) -> Tensor:
+    """(N,) flat positions b * T + t of the N real target tokens, in row-major order; with their number known on the
+    host (`tokens`), found without waiting on the device. The collator gives them ready-made ("tgt_positions")."""
+    real = tgt_out.ne(pad_id).flatten()  # (B*T,)
+    where = real.nonzero() if tokens is None else torch.nonzero_static(real, size=tokens)  # (N, 1)
+    return where.squeeze(1)  # (N,)
+
+
 def target_logits(model: EncoderDecoder, src: Tensor, tgt_in: Tensor, tgt_out: Tensor,
                   src_layout: SequenceLayout | None = None, tokens: int | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(logits (N, V) in float32, targets (N,)) at the N real target tokens, in row-major order. Logits are
     computed only there: padding is about a tenth of a length-sorted token batch, and the output layer and its
     softmax are its costliest part. With the source's layout and the number of real target tokens known on the host
     (`tokens`, the collator's), nothing waits on the device."""
-    real = tgt_out.ne(model.pad_id).flatten()  # (B*T,)
-    where = real.nonzero() if tokens is None else torch.nonzero_static(real, size=tokens)  # (N, 1) flat positions
-    where = where.squeeze(1)  # (N,)
+    where = target_positions(tgt_out, model.pad_id, tokens)
     logits = model(src, tgt_in, where=where, src_layout=src_layout).float()  # (N, V)
     return logits, tgt_out.flatten()[where]
 
 
 def loss_sum(model: EncoderDecoder, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, label_smoothing: float,
-             src_layout: SequenceLayout | None = None, tokens: int | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """(cross-entropy summed over the real target tokens, their number)."""
-    logits, targets = target_logits(model, src, tgt_in, tgt_out, src_layout, tokens)
-    loss = F.cross_entropy(logits, targets, label_smoothing=label_smoothing, reduction="sum")
-    return loss, tgt_out.ne(model.pad_id).sum()
+             src_layout: SequenceLayout | None = None, tokens: int | None = None) -> tuple[Tensor, Tensor | int]:  # fmt: skip
+    """(cross-entropy summed over the real target tokens, their number: `tokens` where given, else a tensor)."""
+    where = target_positions(tgt_out, model.pad_id, tokens)
+    loss = model(src, tgt_in, where=where, src_layout=src_layout, labels=tgt_out.flatten()[where],
+                 label_smoothing=label_smoothing)  # fmt: skip
+    return loss, tgt_out.ne(model.pad_id).sum() if tokens is None else tokens
 
 
 def rdrop_loss(logits: Tensor, targets: Tensor, label_smoothing: float, alpha: float) -> Tensor:
@@ -49,14 +56,16 @@ def _src_layout(model: EncoderDecoder, batch: dict, copies: int = 1) -> Sequence
 
 
 def batch_loss_sum(model: EncoderDecoder, batch: dict, label_smoothing: float,
-                   rdrop_alpha: float | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """loss_sum of a batch as the data module's collator makes it (src, tgt_in, tgt_out, and the host facts
-    src_lengths, src_padded, src_tokens, tgt_tokens): the training step's loss, with no wait on the device. With
-    rdrop_alpha, the batch goes through the model twice in one pass (two dropout masks) and the loss is rdrop_loss."""
+                   rdrop_alpha: float | None = None) -> tuple[Tensor, int]:  # fmt: skip
+    """(loss_sum, real target tokens) of a batch as the data module's collator makes it (src, tgt_in, tgt_out,
+    tgt_positions, tgt_labels, and the host facts src_lengths, src_padded, src_tokens, tgt_tokens): the training
+    step's loss, with no wait on the device. With rdrop_alpha, the batch goes through the model twice in one pass (two
+    dropout masks) and the loss is rdrop_loss."""
     if rdrop_alpha is None:
-        return loss_sum(model, batch["src"], batch["tgt_in"], batch["tgt_out"], label_smoothing,
-                        _src_layout(model, batch), batch["tgt_tokens"])  # fmt: skip
+        loss = model(batch["src"], batch["tgt_in"], where=batch["tgt_positions"], src_layout=_src_layout(model, batch),
+                     labels=batch["tgt_labels"], label_smoothing=label_smoothing)  # fmt: skip
+        return loss, batch["tgt_tokens"]
     src, tgt_in, tgt_out = (batch[k].repeat(2, 1) for k in ("src", "tgt_in", "tgt_out"))  # (2B, S), (2B, T) x 2
     logits, targets = target_logits(model, src, tgt_in, tgt_out, _src_layout(model, batch, 2), 2 * batch["tgt_tokens"])
     n = batch["tgt_tokens"]
-    return rdrop_loss(logits, targets[:n], label_smoothing, rdrop_alpha), batch["tgt_out"].ne(model.pad_id).sum()
+    return rdrop_loss(logits, targets[:n], label_smoothing, rdrop_alpha), n

@@ -107,21 +107,48 @@ def attention_mask(
     return AttentionMask(mask, False, mask, dead)
 
 
-def key_padding(layout: SequenceLayout, self_attention: bool = False) -> AttentionMask:
-    """Keys padded as `layout` says (encoder self-attention, cross-attention), nothing else; packable where the
-    layout packs and no sentence is empty."""
-    # q_len=1: key padding is the same for every query, and broadcasts to any number of them. The sizes are the
-    # padding's own, so that torch.compile need not prove them equal to the lengths' (a graph break if it cannot)
-    batch, width = (len(layout.lengths), layout.width) if layout.padding is None else layout.padding.shape
-    mask = attention_mask(layout.padding, None, batch=batch, heads=1, q_len=1, k_len=width,
-                          every_query_has_a_key=not layout.empty_rows)  # fmt: skip
-    if layout.index is None or layout.empty_rows:
+# The efficient kernel reads a float mask whose rows start 16 elements apart; another is copied, padded, at each call
+ALIGNMENT = 16
+
+
+def padding_bias(padding: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, S) True = padding -> (B, 1, 1, S) additive mask in `dtype` (0, or -inf at padding): the form every SDPA
+    kernel takes as it is, built once per batch. Its rows are ALIGNMENT-aligned slices of a wider buffer."""
+    B, S = padding.shape
+    width = -(-S // ALIGNMENT) * ALIGNMENT
+    bias = torch.zeros(B, 1, 1, width, dtype=dtype, device=padding.device)[..., :S]  # (B, 1, 1, S), aligned rows
+    return bias.masked_fill_(padding[:, None, None, :], float("-inf"))
+
+
+def key_padding(layout: SequenceLayout, self_attention: bool = False, dtype: torch.dtype = torch.float32
+                ) -> AttentionMask:  # fmt: skip
+    """Keys padded as `layout` says (encoder self-attention, cross-attention), nothing else, as padding_bias in the
+    dtype attention computes in; packable where the layout packs and no sentence is empty."""
+    if layout.padding is None:
+        mask = AttentionMask()
+    elif not layout.empty_rows:
+        bias = padding_bias(layout.padding, dtype)
+        mask = AttentionMask(bias, False, bias)
+    else:  # a row without keys: its queries are opened in the mask and zeroed after (`dead`)
+        # q_len=1: key padding is the same for every query, and broadcasts to any number of them
+        batch, width = layout.padding.shape
+        return attention_mask(layout.padding, None, batch=batch, heads=1, q_len=1, k_len=width)
+    if layout.index is None:
         return mask
     return replace(mask, keys=layout, queries=layout if self_attention else None)
 
 
-def causal(q_len: int, k_len: int, window: int | None, device: torch.device) -> AttentionMask:
+def future_table(size: int, device: torch.device | None = None) -> Tensor:
+    """(size, size) bool, True above the diagonal: the keys each position may NOT attend in causal attention. The
+    model keeps one and slices causal masks out of it (views), rather than building them for every batch."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
+
+
+def causal(q_len: int, k_len: int, window: int | None, future: Tensor) -> AttentionMask:
     """Decoder self-attention over right-padded targets: padded keys lie in every real query's future, so causal
-    alone suffices. With a cache, the q_len new queries are the last of k_len positions."""
+    alone suffices. With a cache, the q_len new queries are the last of k_len positions. `future` is a future_table
+    at least k_len wide: training's mask (q_len == k_len) is SDPA's own causal flag, the explicit kernel's a view."""
+    if window is None and q_len == k_len:
+        return AttentionMask(None, True, future[:q_len, :k_len][None, None])  # (1, 1, L, S)
     return attention_mask(None, None, batch=1, heads=1, q_len=q_len, k_len=k_len, is_causal=True, window=window,
-                          device=device)  # fmt: skip
+                          device=future.device)  # fmt: skip

@@ -1,17 +1,21 @@
 """The encoder-decoder, its decoding cache, and the factory that builds it from a ModelConfig."""
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import KVCache
+from .attention import KVCache, sdpa_backend
+from .casting import cast_once, compute_dtype
+from .cross_entropy import linear_cross_entropy
 from .config import ModelConfig, RuntimeConfig
 from .embedding import Embeddings
 from .layers import DecoderLayer, EncoderLayer
 from .layout import SequenceLayout
-from .masks import AttentionMask, attention_mask, causal, key_padding
+from .masks import AttentionMask, attention_mask, causal, future_table, key_padding
 
 
 @dataclass
@@ -46,10 +50,11 @@ class DecoderCache:
             cache.reorder(index)
 
 
-def _run(layer: nn.Module, checkpointed: bool, *args) -> Tensor:
-    """A layer's forward; with activation checkpointing (training only) its activations are recomputed in backward."""
+def _run(layer: nn.Module, checkpointed: bool, kernels: Callable[[], AbstractContextManager], *args) -> Tensor:
+    """A layer's forward; with activation checkpointing (training only) its activations are recomputed in backward,
+    inside `kernels` (the forward's kernel order, which backward has left) so that they are computed alike."""
     if checkpointed and layer.training and torch.is_grad_enabled():
-        return checkpoint(layer, *args, use_reentrant=False)
+        return checkpoint(layer, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), kernels()))
     return layer(*args)
 
 
@@ -60,9 +65,9 @@ class Encoder(nn.Module):
         self.norm = final_norm
         self.checkpointed = checkpointed
 
-    def forward(self, x: Tensor, mask: AttentionMask) -> Tensor:
+    def forward(self, x: Tensor, mask: AttentionMask, kernels: Callable[[], AbstractContextManager]) -> Tensor:
         for layer in self.layers:
-            x = _run(layer, self.checkpointed, x, mask)
+            x = _run(layer, self.checkpointed, kernels, x, mask)
         return self.norm(x)
 
 
@@ -74,11 +79,13 @@ class Decoder(nn.Module):
         self.checkpointed = checkpointed
 
     def forward(self, x: Tensor, memory: Tensor, self_mask: AttentionMask, cross_mask: AttentionMask,
-                cache: DecoderCache | None = None) -> Tensor:  # fmt: skip
+                kernels: Callable[[], AbstractContextManager], cache: DecoderCache | None = None) -> Tensor:  # fmt: skip
+        if cache is None or not len(cache.cross_attn[0]):  # every layer projects memory: cast it once, not per layer
+            memory = cast_once(memory)
         for i, layer in enumerate(self.layers):
             self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
-            x = _run(layer, self.checkpointed and cache is None, x, memory, self_mask, cross_mask, self_cache,
-                     cross_cache)  # fmt: skip
+            x = _run(layer, self.checkpointed and cache is None, kernels, x, memory, self_mask, cross_mask,
+                     self_cache, cross_cache)  # fmt: skip
         return self.norm(x)
 
 
@@ -86,16 +93,27 @@ class EncoderDecoder(nn.Module):
     """src (B, S) and tgt (B, T) token ids -> logits (B, T, V); no softmax (the loss takes logits).
 
     What the source padding means (a SequenceLayout) is worked out once per batch, and from it each kind of attention
-    gets its mask once (encoder self-attention, cross-attention; the decoder's is causal), shared by all layers.
+    gets its mask once (encoder self-attention, cross-attention; the decoder's is causal), shared by all layers, in
+    the dtype attention computes in. The attention kernels' order (`backend`) is set once around the encoder and
+    once around the decoder, not around every attention call.
     """
 
     def __init__(self, encoder: Encoder, decoder: Decoder, src_embed: Embeddings, tgt_embed: Embeddings,
-                 output: nn.Linear, pad_id: int, window: int | None = None, padding_free: bool = False):  # fmt: skip
+                 output: nn.Linear, pad_id: int, window: int | None = None, padding_free: bool = False,
+                 backend: str = "auto"):  # fmt: skip
         super().__init__()
         self.encoder, self.decoder = encoder, decoder
         self.src_embed, self.tgt_embed = src_embed, tgt_embed
         self.output = output
-        self.pad_id, self.window, self.padding_free = pad_id, window, padding_free
+        self.pad_id, self.window, self.padding_free, self.backend = pad_id, window, padding_free, backend
+        # causal masks are views of it (not saved: rebuilt with the model)
+        self.register_buffer("future", future_table(tgt_embed.max_positions), persistent=False)
+
+    def _kernels(self, device_type: str) -> Callable[[], AbstractContextManager]:
+        return lambda: sdpa_backend(self.backend, device_type)
+
+    def _attention_dtype(self, device_type: str) -> torch.dtype:
+        return compute_dtype(device_type, self.output.weight.dtype)
 
     @property
     def tgt_vocab_size(self) -> int:
@@ -114,12 +132,14 @@ class EncoderDecoder(nn.Module):
         Training passes the collator's layout (SequenceLayout.right_padded), so that nothing waits on the device."""
         layout = self.source_layout(src) if src_layout is None else src_layout
         if self.window is None:
-            mask = key_padding(layout, self_attention=True)
+            mask = key_padding(layout, self_attention=True, dtype=self._attention_dtype(src.device.type))
         else:  # each query's window of keys, less padding: padded queries far from any real key have none
             B, S = src.shape
             mask = attention_mask(layout.padding, None, batch=B, heads=1, q_len=S, k_len=S, window=self.window,
                                   device=src.device, every_query_has_a_key=not layout.padded)  # fmt: skip
-        return self.encoder(self.src_embed(src), mask), layout
+        kernels = self._kernels(src.device.type)
+        with kernels():
+            return self.encoder(self.src_embed(src), mask, kernels), layout
 
     def decode(
         self,
@@ -133,19 +153,35 @@ class EncoderDecoder(nn.Module):
         src_layout) may hold one row per g consecutive rows of tgt (beam search: a sentence's g beams). With `where`,
         logits only at its True positions, (N, V): training needs none at padding. `where` is a (B, T) bool mask, or
         the (N,) flat positions b * T + t of its True entries, which select without a sync."""
+        return self.output(self.decoder_states(tgt, memory, src_layout, cache, where))
+
+    def decoder_states(self, tgt: Tensor, memory: Tensor, src_layout: SequenceLayout,
+                       cache: DecoderCache | None = None, where: Tensor | None = None) -> Tensor:  # fmt: skip
+        """decode's, before the output layer: (B, T, d), or (N, d) with `where`."""
         offset = 0 if cache is None else len(cache)
         T = tgt.size(1)
-        self_mask = causal(T, offset + T, self.window, tgt.device)
-        cross_mask = key_padding(src_layout)  # packs where the layout does: decoding steps too, for GPU flash
-        x = self.decoder(self.tgt_embed(tgt, offset), memory, self_mask, cross_mask, cache)  # (B, T, d)
+        self_mask = causal(T, offset + T, self.window, self.future)
+        # packs where the layout does: decoding steps too, for GPU flash
+        cross_mask = key_padding(src_layout, dtype=self._attention_dtype(tgt.device.type))
+        kernels = self._kernels(tgt.device.type)
+        with kernels():
+            x = self.decoder(self.tgt_embed(tgt, offset), memory, self_mask, cross_mask, kernels, cache)  # (B, T, d)
         if where is not None:
             x = x[where] if where.dtype == torch.bool else x.flatten(0, 1).index_select(0, where)  # (N, d)
-        return self.output(x)
+        return x
 
-    def forward(self, src: Tensor, tgt: Tensor, where: Tensor | None = None,
-                src_layout: SequenceLayout | None = None) -> Tensor:  # fmt: skip
+    def forward(self, src: Tensor, tgt: Tensor, where: Tensor | None = None, src_layout: SequenceLayout | None = None,
+                labels: Tensor | None = None, label_smoothing: float = 0.0) -> Tensor:  # fmt: skip
+        """Logits (B, T, V), or (N, V) at `where` (decode's); with `labels` (one per logit row, pad_id where none),
+        the label-smoothed cross-entropy summed over the labelled rows instead: the output layer and the loss in one
+        piece (linear_cross_entropy), so that a compiled model compiles its loss too."""
         memory, layout = self.encode(src, src_layout)
-        return self.decode(tgt, memory, layout, where=where)
+        if labels is None:
+            return self.decode(tgt, memory, layout, where=where)
+        x = self.decoder_states(tgt, memory, layout, where=where)
+        if self.output.bias is not None:
+            raise ValueError("linear_cross_entropy takes an output layer without bias")
+        return linear_cross_entropy(x.flatten(0, -2), self.output.weight, labels, label_smoothing, self.pad_id)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache.empty(len(self.decoder.layers))
@@ -173,6 +209,7 @@ def build_model(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> Encod
         pad_id=cfg.pad_id,
         window=cfg.window,
         padding_free=runtime.padding_free_attention,
+        backend=runtime.attention_backend,
     )
     _init_weights(model, cfg)
     if cfg.tie_output:
