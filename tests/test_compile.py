@@ -3,6 +3,7 @@ sync, a data-dependent shape or branch would break the graph, and fullgraph=True
 
 import copy
 import functools
+from collections import Counter
 
 import pytest
 import pytorch_lightning as pl
@@ -10,12 +11,13 @@ import torch
 from torch._dynamo.utils import counters
 
 from transformer.data import TranslationDataModule
+from transformer.data.batching import padded_length
 from transformer.kernel_calls import synthetic_batch
 from transformer.model import ModelConfig, SequenceLayout, build_model
 from transformer.model.compiling import compile_dynamic
 from transformer.model.loss import batch_loss_sum, loss_sum
 
-from .helpers import callback, config, run_train, tiny_data, write_text_corpus
+from .helpers import RECORD, LossRecorder, callback, config, run_train, tiny_data, write_text_corpus
 
 V = 23
 
@@ -110,6 +112,33 @@ def test_a_compiled_run_recompiles_a_bounded_number_of_times(tmp_path, monkeypat
     assert counters["frames"]["ok"] == counters["frames"]["total"]  # no frame left to run uncompiled
 
 
+def test_length_rungs_bound_the_batch_shapes_which_compile_as_one_graph(tmp_path, corpus):
+    """data.length_rungs: every batch (B, L, L), L a rung of the ladder, and the loss at all B * L target positions,
+    so that no shape follows the number of real tokens. Over 3 epochs, at most two shapes per rung (its full batches,
+    and the one left when the next rung begins; an epoch's lengths are the same every epoch), traced as one graph."""
+    rungs = 4
+    data = TranslationDataModule(config(corpus[0], tmp_path, max_tokens=600, cache_dir=str(corpus[1]),
+                                        length_rungs=rungs))  # fmt: skip
+    tok = data.src_tokenizer
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
+                                pad_id=tok.pad_id, **ONE_LAYER)  # fmt: skip
+    model = build_model(cfg).train()
+    torch._dynamo.reset()
+    counters.clear()
+    compile_dynamic(model, backend="eager")
+    loader, shapes = data.train_dataloader(), Counter()
+    for epoch in range(3):
+        loader.batch_sampler.set_epoch(epoch)
+        for batch in loader:
+            B, L = batch["src"].shape
+            assert batch["tgt_in"].shape == (B, L) and L == padded_length(L, rungs)
+            assert batch["tgt_positions"].shape == batch["tgt_labels"].shape == (B * L,)
+            shapes[(B, L)] += 1
+            batch_loss_sum(model, batch, 0.1)[0].backward()
+    assert len(shapes) <= 2 * len({L for _, L in shapes}) < len(loader) * 3, shapes
+    assert counters["stats"]["unique_graphs"] == 1 and sum(counters["graph_break"].values()) == 0
+
+
 def test_compile_with_padding_free_attention_is_refused_before_the_data(tmp_path):
     """Nested tensors' lengths are read on the host inside attention: a graph break at every layer (36 and 32 graphs
     in the 200 steps above at a5a9816), so the pair is refused in one line."""
@@ -135,3 +164,39 @@ def test_the_masks_of_changing_batches_trace_without_a_graph_break(tmp_path, cor
     for batch, _ in zip(data.train_dataloader(), range(40)):
         batch_loss_sum(model, batch, 0.1)[0].backward()
     assert sum(counters["graph_break"].values()) == 0 and counters["frames"]["ok"] == counters["frames"]["total"]
+
+
+@pytest.mark.slow  # inductor compiles each run's forward and backward: about 2 minutes on 2 cores
+def test_a_compiled_run_resumed_compiled_continues_exactly(tmp_path, corpus):
+    """Inductor's dropout draws from the generator ExactResume restores: a compiled run stopped by SIGTERM during
+    step 6 and resumed compiled trains steps 7-12 as the uninterrupted compiled run did (bounded shapes, dropout on)."""
+    common = [*tiny_data(*corpus), "model=tiny", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+              "model.dropout=0.3", "compile=true", "data.length_rungs=8", "data.max_tokens=600", "trainer.max_steps=12",
+              "trainer.limit_val_batches=0", "trainer.precision=32", "~logger", "trainer.enable_progress_bar=false",
+              *RECORD]  # fmt: skip
+    whole = run_train(tmp_path / "whole", common)
+    with pytest.raises(SystemExit):
+        run_train(tmp_path / "stopped", [*common, "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
+                                         "+callbacks.signal_at.step=5"])  # fmt: skip
+    torch._dynamo.reset()  # as a new process starts: nothing compiled
+    resumed = run_train(tmp_path / "stopped", [*common, "ckpt_path=last"])
+    want, got = callback(whole, LossRecorder), callback(resumed, LossRecorder)
+    assert sorted(got.losses) == list(range(7, 13))
+    for step, loss in got.losses.items():
+        assert got.batches[step] == want.batches[step] and loss == pytest.approx(want.losses[step], rel=1e-6), step
+    for (name, p), q in zip(whole.lightning_module.named_parameters(), resumed.lightning_module.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["compile_mode=reduce-overhead"], r"^compile_mode=reduce-overhead without compile=true compiles nothing"),
+        (["compile=true", "compile_mode=fast"], r"^compile_mode=fast is not one of default, reduce-overhead"),
+        (["compile=true", "compile_mode=reduce-overhead"], r"records a CUDA graph for every batch shape.*length_rungs"),
+    ],
+)  # fmt: skip
+def test_compile_modes_that_cannot_work_are_refused_before_the_data(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        run_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), *overrides])
+    assert not (tmp_path / "cache").exists()

@@ -1,4 +1,4 @@
-"""One host sync per optimizer step in the real Lightning loop: what would make a GPU's host wait (tensor values read
+"""One host sync per logging interval in the real Lightning loop: what would make a GPU's host wait (tensor values read
 into Python, device tensors made from Python values), and the collectives, recorded on CPU over whole steps with
 logging and the progress bar on, in one process and in 2 DDP ranks."""
 
@@ -14,7 +14,7 @@ from .helpers.host_syncs import CountHostSyncs
 from .helpers.ranks import run_ranks
 
 STEPS = 3
-THE_ONE_SYNC = "tolist in module.py:configure_gradient_clipping"  # the readout: norm, loss, stop request at once
+THE_ONE_SYNC = "tolist in module.py:read_steps"  # the readout: norms, losses, stop requests at once
 COUNT = ["+callbacks.count._target_=tests.helpers.host_syncs.CountHostSyncs", f"+callbacks.count.steps={STEPS}"]
 
 
@@ -39,6 +39,19 @@ def test_one_sync_per_optimizer_step(tmp_path, extra):
     events.Reload()
     for tag in ("train/loss", "train/grad_norm", "train/tokens_per_s"):  # each optimizer step once, as Lightning
         assert [e.step for e in events.Scalars(tag)] == list(range(6)), tag  # numbers them (steps done before)
+
+
+def test_one_sync_per_logging_interval(tmp_path):
+    """Steps 3 to 8 counted, logging every 3rd: two reads, each of its interval's three steps, and a curve point at
+    each logged step with that step's own values, as Lightning numbers them."""
+    write_text_corpus(tmp_path / "c")
+    trainer = run_train(tmp_path / "run", [*overrides(tmp_path / "c", tmp_path, "trainer.precision=32"),
+                                           "trainer.log_every_n_steps=3", "trainer.max_steps=10",
+                                           "+callbacks.count.first=3", "callbacks.count.steps=6"])  # fmt: skip
+    assert callback(trainer, CountHostSyncs).syncs == [THE_ONE_SYNC] * 2
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [2, 5, 8]
 
 
 def _ddp_rank(rank: int, corpus, tmp_path) -> None:

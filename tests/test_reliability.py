@@ -59,6 +59,39 @@ def test_non_finite_loss_stops_before_any_update_and_keeps_the_last_checkpoint(t
     assert last["global_step"] == 5 and all(v.isfinite().all() for v in last["state_dict"].values())
 
 
+class NaNLogitsOnlyAt(pl.Callback):
+    """The decoder's output states are NaN at one step alone (a transient blow-up); the parameters are recorded after
+    every step, by trainer.global_step."""
+
+    last: "NaNLogitsOnlyAt | None" = None  # the newest, to read after training raised
+
+    def __init__(self, step: int):
+        self.step, self.weights = step, {}
+        NaNLogitsOnlyAt.last = self
+
+    def on_train_start(self, trainer, module):
+        module.model.decoder.register_forward_hook(
+            lambda m, i, out: out * float("nan") if m.training and trainer.global_step == self.step else None
+        )
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.weights[trainer.global_step] = torch.cat([p.detach().flatten() for p in module.parameters()]).clone()
+
+
+def test_a_non_finite_step_is_skipped_on_the_device_and_stops_training_at_the_next_read(tmp_path, small):
+    """Nothing waits on the device to learn that step 5 was not finite: the optimizer skips it there (the weights
+    after it are those before it), step 6 runs, and the read that ends the logging interval, in step 6, stops
+    training before step 6's update, naming step 5."""
+    with pytest.raises(TrainingError, match=r"non-finite gradient norm \(nan\) at step 5 \(epoch 0, batch 5"):
+        run_train(tmp_path / "run", [*small, "~logger", "trainer.max_steps=20", "trainer.log_every_n_steps=7",
+                                     "+callbacks.nan._target_=tests.test_reliability.NaNLogitsOnlyAt",
+                                     "+callbacks.nan.step=5"])  # fmt: skip
+    weights = NaNLogitsOnlyAt.last.weights  # after each step, by the steps done
+    assert sorted(weights) == [1, 2, 3, 4, 5, 6]
+    assert torch.equal(weights[6], weights[5]) and not torch.equal(weights[5], weights[4])
+    assert torch.isfinite(weights[6]).all()
+
+
 def disk_has(monkeypatch, free: int) -> None:
     usage = shutil.disk_usage("/")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=free))

@@ -65,15 +65,19 @@ def report(prepared: PreparedData, cfg: DataConfig) -> str:
     ]
     trains = [example_lengths(prepared.corpora[n][c.train_split]) for n, c in corpora.items()]
     train = np.concatenate(trains)
-    train_batches = TokenBatchSampler(train, cfg.max_tokens, seed=cfg.seed, mixture=prepared.mixture).all_batches(0)
+    train_batches = TokenBatchSampler(train, cfg.max_tokens, seed=cfg.seed, mixture=prepared.mixture,
+                                      length_rungs=cfg.length_rungs).all_batches(0)  # fmt: skip
     rows.append(_split_row("train (mix)" if len(corpora) > 1 else cfg.train_split,
-                           _training_stats(prepared, cfg, train, train_batches), train_batches, train))  # fmt: skip
+                           _training_stats(prepared, cfg, train, train_batches), train_batches, train,
+                           cfg.length_rungs))  # fmt: skip
     for name, corpus in corpora.items():
         for split, s in prepared.corpus_stats[name].items():
             if split != corpus.train_split:
                 lengths = example_lengths(prepared.corpora[name][split])
-                batches = TokenBatchSampler(lengths, cfg.max_tokens, shuffle=False).all_batches(0)
-                rows.append(_split_row(f"{name}/{split}" if len(corpora) > 1 else split, s, batches, lengths))
+                batches = TokenBatchSampler(lengths, cfg.max_tokens, shuffle=False,
+                                            length_rungs=cfg.length_rungs).all_batches(0)  # fmt: skip
+                rows.append(_split_row(f"{name}/{split}" if len(corpora) > 1 else split, s, batches, lengths,
+                                       cfg.length_rungs))  # fmt: skip
     order = np.random.default_rng(cfg.seed).permutation(len(train))
     per_batch = max(1, len(train) // max(len(train_batches), 1))  # sentences per batch, on average
     sentence_batches = [order[i : i + per_batch] for i in range(0, len(order), per_batch)]
@@ -97,13 +101,13 @@ def _training_stats(prepared: PreparedData, cfg: DataConfig, train: np.ndarray, 
     return summed
 
 
-def _split_row(label: str, s: dict, batches: list, lengths: np.ndarray) -> str:
+def _split_row(label: str, s: dict, batches: list, lengths: np.ndarray, length_rungs: int | None) -> str:
     d, r = s["dropped"], s["repaired"]
     return (
         f"{label:<26}{s['pairs']:>9}{s['kept']:>9}{d['empty']:>7}{d['too_long']:>6}{d['length_ratio']:>7}"
         f"{r['invalid_utf8']:>6}{r['control_chars']:>6}{r['truncated']:>5}"
         f"{s['src_mean']:>8.1f}/{s['src_p95']:<5.0f}{s['tgt_mean']:>8.1f}/{s['tgt_p95']:<5.0f}"
-        f"{len(batches):>9}{padding_fraction(batches, lengths):>9.1%}"
+        f"{len(batches):>9}{padding_fraction(batches, lengths, length_rungs):>9.1%}"
     )
 
 

@@ -61,6 +61,9 @@ class TrainConfig:
     logger: Any = None
     seed: int = 1  # seeds Python, NumPy and torch (weights, dropout); the data's order follows data.seed
     compile: bool = False  # torch.compile the model (in place: checkpoints keep the plain parameter names)
+    # torch.compile's mode: null (its default), reduce-overhead (CUDA graphs: each step replayed without the host's
+    # launches, one recording per batch shape, so it needs data.length_rungs) or max-autotune
+    compile_mode: str | None = None
     ckpt_path: str | None = None  # resume: a checkpoint file, or `last` (the run folder's checkpoints/last.ckpt)
 
 

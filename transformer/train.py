@@ -46,6 +46,25 @@ def sized_model(model: dict, **vocabulary: int) -> ModelConfig:
     return ModelConfig.from_size(model.get("size", "small"), **overrides, **vocabulary)
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def check_compile(compile: bool, mode: str | None, runtime: RuntimeConfig, data: DataConfig) -> None:
+    """Refuse, in one line, compile settings that cannot work or would not pay."""
+    if compile and runtime.padding_free_attention:
+        raise ValueError("compile=true with runtime.padding_free_attention=true breaks the graph at every attention "
+                         "layer (nested tensors' lengths are read on the host); drop one of them")  # fmt: skip
+    if mode is None:
+        return
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile_mode={mode} is not one of {', '.join(COMPILE_MODES)} (or null)")
+    if not compile:
+        raise ValueError(f"compile_mode={mode} without compile=true compiles nothing; add compile=true")
+    if mode in ("reduce-overhead", "max-autotune") and data.length_rungs is None:  # the modes with CUDA graphs
+        raise ValueError(f"compile_mode={mode} records a CUDA graph for every batch shape, and without "
+                         "data.length_rungs every batch has its own; add data.length_rungs=16")  # fmt: skip
+
+
 def trainer_arguments(trainer: dict, runtime: RuntimeConfig, architecture: ModelConfig,
                       resumed_precision: str | None) -> tuple[dict, str | None]:  # fmt: skip
     """The Trainer's arguments as this run passes them, checked, and trainer.precision=auto's note: the precision
@@ -74,9 +93,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     architecture = sized_model(plain["model"], src_vocab_size=2, tgt_vocab_size=2, pad_id=0)
     optim, validation = OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"])
     runtime, data_config = RuntimeConfig(**plain["runtime"]), DataConfig.from_dict(plain["data"])
-    if cfg.compile and runtime.padding_free_attention:
-        raise ValueError("compile=true with runtime.padding_free_attention=true breaks the graph at every attention "
-                         "layer (nested tensors' lengths are read on the host); drop one of them")  # fmt: skip
+    check_compile(cfg.compile, cfg.compile_mode, runtime, data_config)
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
     trainer_args, precision_note = trainer_arguments(plain["trainer"], runtime, architecture,
@@ -91,7 +108,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
         check_resumable(checkpoint, ckpt_path, model, tokenizers)
         del checkpoint  # trainer.fit loads it again; do not hold two copies
     if cfg.compile:
-        compile_dynamic(module.model)
+        compile_dynamic(module.model, **({"mode": cfg.compile_mode} if cfg.compile_mode else {}))
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     check_monitors(callbacks, TranslationModule.validation_metrics(list(data.validation_sets)))
     trainer = pl.Trainer(

@@ -10,6 +10,20 @@ from datasets import Dataset
 from .mixing import Mixture
 
 
+def padded_length(n, rungs: int | None):
+    """A batch's padded length for its longest sequence `n` (an int, or an array of them): with `rungs`, the next rung
+    of a ladder of that many rungs per octave (16: every length up to 16, even lengths to 32, multiples of 4 to 64,
+    ...; at most 1/16 more), so that batches take a bounded set of shapes; None: n itself."""
+    if rungs is None:
+        return n
+    n = np.asarray(n)
+    step = np.ones_like(n)
+    while np.any(n > rungs * step):  # past each octave the rungs stand twice as far apart
+        step = np.where(n > rungs * step, step * 2, step)
+    padded = -(-n // step) * step
+    return int(padded) if padded.ndim == 0 else padded
+
+
 class Segmentation(Protocol):
     """Training examples whose lengths change by epoch (subword.ResegmentedDataset): the sampler packs each epoch's."""
 
@@ -31,22 +45,25 @@ class TokenBatchSampler:
     each batch carries its examples' indices so results map back to the input order. With a Mixture (several
     corpora laid end to end), an epoch holds the examples it draws instead of each example once. With a
     segmentation (subword regularisation: a Segmentation), each epoch packs its own segmentation's lengths,
-    and the segmentation is told the epoch before a pass starts.
+    and the segmentation is told the epoch before a pass starts. With length_rungs, batches are packed by the padded
+    length the collator gives them (padded_length).
     """
 
     def __init__(self, lengths: np.ndarray, max_tokens: int, *, shuffle: bool = True, seed: int = 0,
                  num_replicas: int = 1, rank: int = 0, mixture: Mixture | None = None,
-                 segmentation: Segmentation | None = None):  # fmt: skip
+                 segmentation: Segmentation | None = None, length_rungs: int | None = None):  # fmt: skip
         """lengths: (N, 2) tokens per example, source and target, special tokens included."""
         self.lengths = np.asarray(lengths).reshape(-1, 2)
-        longest = int(self.lengths.max(initial=0))
+        longest = int(padded_length(self.lengths.max(initial=0), length_rungs))
         if longest > max_tokens:
-            raise ValueError(f"an example has {longest} tokens but max_tokens={max_tokens}; raise data.max_tokens")
+            raise ValueError(f"an example has {longest} tokens (padded) but max_tokens={max_tokens}; raise "
+                             "data.max_tokens")  # fmt: skip
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank={rank} is outside num_replicas={num_replicas}")
         if mixture is not None and sum(mixture.sizes) != len(self.lengths):
             raise ValueError(f"the mixture's corpora hold {sum(mixture.sizes)} examples, lengths {len(self.lengths)}")
         self.max_tokens, self.shuffle, self.seed, self.mixture = max_tokens, shuffle, seed, mixture
+        self.length_rungs = length_rungs
         self.segmentation = segmentation if shuffle else None
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch, self.position = 0, 0  # position: batches of this epoch handed out
@@ -78,8 +95,8 @@ class TokenBatchSampler:
         else:
             order = rng.permutation(len(lengths)) if self.shuffle else np.arange(len(lengths))
         n = len(order)
-        size = lengths.max(axis=1)
-        order = order[np.lexsort((lengths[order].sum(axis=1), size[order]))]  # by longest side, then total
+        size = padded_length(lengths.max(axis=1), self.length_rungs)
+        order = order[np.lexsort((lengths[order].sum(axis=1), lengths[order].max(axis=1)))]  # by longest side, total
         batches, start = [], 0
         for i, length in enumerate(size[order]):  # ascending, so the newest example is the longest
             if (i - start + 1) * length > self.max_tokens:
@@ -175,14 +192,17 @@ class Collate:
     src_lengths (B,) real source tokens per row; tgt_positions (N,) the flat positions b * T + t of the N real target
     tokens and tgt_labels (N,) their ids, where the loss is computed. And, as Python values that stay on the host
     (Lightning moves only tensors) so that the training step never waits on the device for them: src_tokens and
-    tgt_tokens, the real tokens of src and tgt_out, and src_padded, whether some source is shorter than the longest."""
+    tgt_tokens, the real tokens of src and tgt_out, and src_padded, whether some source is shorter than the longest.
 
-    def __init__(self, pad_id: int, bos_id: int, eos_id: int):
-        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+    With length_rungs, both sides are padded to padded_length of the longer and the loss is computed at every target
+    position (tgt_positions all of them, tgt_labels pad where there is no token): batch shapes are (B, L, L) for a
+    bounded set of L, and no dimension follows the number of real tokens."""
 
-    def _pad(self, seqs: list[np.ndarray], before: int | None, after: int | None) -> np.ndarray:
-        extra = (before is not None) + (after is not None)
-        out = np.full((len(seqs), max(len(s) for s in seqs) + extra), self.pad_id, dtype=np.int64)
+    def __init__(self, pad_id: int, bos_id: int, eos_id: int, length_rungs: int | None = None):
+        self.pad_id, self.bos_id, self.eos_id, self.length_rungs = pad_id, bos_id, eos_id, length_rungs
+
+    def _pad(self, seqs: list[np.ndarray], before: int | None, after: int | None, width: int) -> np.ndarray:
+        out = np.full((len(seqs), width), self.pad_id, dtype=np.int64)
         for row, s in enumerate(seqs):
             start = 0
             if before is not None:
@@ -195,11 +215,15 @@ class Collate:
     def __call__(self, examples: list[tuple[np.ndarray, np.ndarray, int]]) -> dict:
         src, tgt, index = zip(*examples)
         src_lengths = np.array([len(s) + 1 for s in src])  # with EOS
-        tgt_out = self._pad(tgt, None, self.eos_id)
-        positions = np.flatnonzero(tgt_out != self.pad_id)  # (N,)
+        S, T = src_lengths.max(), max(len(t) for t in tgt) + 1  # with EOS or BOS
+        if self.length_rungs is not None:
+            S = T = padded_length(max(S, T), self.length_rungs)
+        tgt_out = self._pad(tgt, None, self.eos_id, T)
+        # the loss at the real target tokens; with length rungs at every position, so that their number is no shape
+        positions = np.flatnonzero(tgt_out != self.pad_id) if self.length_rungs is None else np.arange(tgt_out.size)
         return {
-            "src": torch.from_numpy(self._pad(src, None, self.eos_id)),
-            "tgt_in": torch.from_numpy(self._pad(tgt, self.bos_id, None)),
+            "src": torch.from_numpy(self._pad(src, None, self.eos_id, S)),
+            "tgt_in": torch.from_numpy(self._pad(tgt, self.bos_id, None, T)),
             "tgt_out": torch.from_numpy(tgt_out),
             "tgt_positions": torch.from_numpy(positions),
             "tgt_labels": torch.from_numpy(tgt_out.ravel()[positions]),
@@ -207,15 +231,16 @@ class Collate:
             "src_lengths": torch.from_numpy(src_lengths),
             "src_tokens": int(src_lengths.sum()),
             "tgt_tokens": sum(len(t) + 1 for t in tgt),  # with EOS
-            "src_padded": bool(src_lengths.min() < src_lengths.max()),
+            "src_padded": bool(src_lengths.min() < S),
         }
 
 
-def padding_fraction(batches: list[np.ndarray], lengths: np.ndarray) -> float:
-    """Share of padding in the source and target tensors of these batches."""
+def padding_fraction(batches: list[np.ndarray], lengths: np.ndarray, length_rungs: int | None = None) -> float:
+    """Share of padding in the source and target tensors of these batches (as Collate pads them)."""
     real = padded = 0
     for b in batches:
         sizes = lengths[b]
         real += int(sizes.sum())
-        padded += len(b) * int(sizes[:, 0].max() + sizes[:, 1].max())
+        S, T = sizes.max(axis=0)
+        padded += len(b) * (int(S + T) if length_rungs is None else 2 * padded_length(int(max(S, T)), length_rungs))
     return 1 - real / max(padded, 1)

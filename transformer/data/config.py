@@ -69,6 +69,10 @@ class DataConfig(CorpusConfig):
     max_length: int = 250  # training pairs with more tokens on either side are dropped
     max_length_ratio: float = 3.0  # training pairs whose token counts differ by more than this factor are dropped
     max_tokens: int = 4096  # padded tokens per batch (batch size x longest sequence)
+    # batches padded to a ladder of lengths, this many rungs per octave (16: at most 1/16 more), both sides to one,
+    # and the loss computed at every target position: a bounded set of batch shapes, which compiled graphs and CUDA
+    # graphs reuse (compile=true); null: each side as long as its longest sequence, the loss at real tokens only
+    length_rungs: int | None = None
     # subword regularisation: each epoch, training sources and targets are segmented afresh by sentencepiece sampling
     # with this alpha (unigram: lower samples more varied segmentations, e.g. 0.1-0.5; bpe: BPE-dropout's
     # probability, e.g. 0.1); null: one fixed segmentation. Dev and test sets are never sampled.
@@ -101,7 +105,7 @@ class DataConfig(CorpusConfig):
         if self.src == self.tgt:
             raise ValueError(f"data.src and data.tgt are both {self.src!r}; choose two languages")
         for name in ("vocab_size", "max_length", "max_tokens", "tokenizer_sentences", "buffer_pairs",
-                     "temperature", "epoch_pairs"):  # fmt: skip
+                     "temperature", "epoch_pairs", "length_rungs"):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"data.{name}={getattr(self, name)} must be positive")
         if self.max_tokens < self.max_length + 1:

@@ -91,7 +91,7 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def _collate(self) -> Collate:
         tok = self.tgt_tokenizer
-        return Collate(tok.pad_id, tok.bos_id, tok.eos_id)
+        return Collate(tok.pad_id, tok.bos_id, tok.eos_id, self.cfg.length_rungs)
 
     def _train_splits(self) -> list[datasets.Dataset]:
         """Every corpus's training split, in the mixture's order."""
@@ -108,7 +108,7 @@ class TranslationDataModule(pl.LightningDataModule):
                 mixture: Mixture | None = None, resegmented: ResegmentedDataset | None = None) -> DataLoader:  # fmt: skip
         sampler = TokenBatchSampler(example_lengths(ds), self.cfg.max_tokens, shuffle=shuffle, seed=self.cfg.seed,
                                     num_replicas=num_replicas, rank=rank, mixture=mixture,
-                                    segmentation=resegmented)  # fmt: skip
+                                    segmentation=resegmented, length_rungs=self.cfg.length_rungs)  # fmt: skip
         return DataLoader(
             resegmented or TokenDataset(ds), batch_sampler=sampler, collate_fn=self._collate(),
             num_workers=self.cfg.num_workers, multiprocessing_context=self._worker_start(),
@@ -158,7 +158,7 @@ class TranslationDataModule(pl.LightningDataModule):
             shards, self.data.mixture.shares, max_tokens=self.cfg.max_tokens, buffer_pairs=self.cfg.buffer_pairs,
             batches_per_worker=-(-self._epoch_batches() // (world * max(self.cfg.num_workers, 1))),
             collate=self._collate(), seed=self.cfg.seed, num_replicas=world, rank=rank,
-            bad_shard=self.cfg.bad_shards,
+            bad_shard=self.cfg.bad_shards, length_rungs=self.cfg.length_rungs,
         )  # fmt: skip
         self.stream_position = StreamPosition(self.cfg.num_workers)
         self._restore_sampler()

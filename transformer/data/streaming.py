@@ -205,7 +205,8 @@ class StreamingBatches(torch.utils.data.IterableDataset):
 
     def __init__(self, corpora: Sequence[Sequence[Path]], probabilities: Sequence[float], *, max_tokens: int,
                  buffer_pairs: int, batches_per_worker: int, collate: Callable, seed: int,
-                 num_replicas: int = 1, rank: int = 0, bad_shard: str = "warn"):  # fmt: skip
+                 num_replicas: int = 1, rank: int = 0, bad_shard: str = "warn",
+                 length_rungs: int | None = None):  # fmt: skip
         p = np.asarray(probabilities, dtype=np.float64)
         if len(corpora) == 0 or p.shape != (len(corpora),) or (p < 0).any() or p.sum() <= 0:
             raise ValueError(
@@ -226,7 +227,7 @@ class StreamingBatches(torch.utils.data.IterableDataset):
         self.first_index = np.concatenate([[0], np.cumsum([c.rows for c in self.corpora])])
         self.probabilities = p / p.sum()
         self.max_tokens, self.buffer_pairs, self.batches_per_worker = max_tokens, buffer_pairs, batches_per_worker
-        self.collate, self.seed, self.bad_shard = collate, seed, bad_shard
+        self.collate, self.seed, self.bad_shard, self.length_rungs = collate, seed, bad_shard, length_rungs
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
         self._resume: list[dict | None] | None = None
@@ -273,7 +274,8 @@ class StreamingBatches(torch.utils.data.IterableDataset):
         examples = [ex for stream, n in zip(streams, counts) for ex in stream.take(int(n))]
         lengths = np.array([(len(s) + 1, len(t) + 1) for s, t, _ in examples])  # as example_lengths: + EOS / BOS
         # the in-memory sampler's batching; its "epoch" is only a key for its rng, here (g, chunk)
-        batches = TokenBatchSampler(lengths, self.max_tokens, seed=self.seed).all_batches((g << 32) + chunk)
+        batches = TokenBatchSampler(lengths, self.max_tokens, seed=self.seed,
+                                    length_rungs=self.length_rungs).all_batches((g << 32) + chunk)  # fmt: skip
         return [[examples[i] for i in b] for b in batches]
 
     def __iter__(self):

@@ -113,9 +113,10 @@ ALIGNMENT = 16
 
 def padding_bias(padding: Tensor, dtype: torch.dtype) -> Tensor:
     """(B, S) True = padding -> (B, 1, 1, S) additive mask in `dtype` (0, or -inf at padding): the form every SDPA
-    kernel takes as it is, built once per batch. Its rows are ALIGNMENT-aligned slices of a wider buffer."""
+    kernel takes as it is, built once per batch. Its rows are ALIGNMENT-aligned slices of a wider buffer, wider
+    even where S is a multiple of ALIGNMENT, so that the mask is never contiguous: one compiled graph for every S."""
     B, S = padding.shape
-    width = -(-S // ALIGNMENT) * ALIGNMENT
+    width = (S // ALIGNMENT + 1) * ALIGNMENT
     bias = torch.zeros(B, 1, 1, width, dtype=dtype, device=padding.device)[..., :S]  # (B, 1, 1, S), aligned rows
     return bias.masked_fill_(padding[:, None, None, :], float("-inf"))
 

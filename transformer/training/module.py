@@ -32,13 +32,26 @@ def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
 
 @dataclass(frozen=True)
 class StepReadout:
-    """What the host learns of an optimizer step, read from the device at once: the step's one sync. The loggers,
-    the progress bar and the callbacks take these values instead of reading the device again."""
+    """What the host learns of an optimizer step, read from the device with the other steps of its logging interval
+    at once: the interval's one sync. The loggers, the progress bar and the callbacks take these values instead of
+    reading the device again."""
 
     step: int  # the optimizer step it describes (trainer.global_step after it)
     loss: float  # label-smoothed loss per target token, over this rank's micro-batches of the step
     grad_norm: float  # before clipping, of the gradients per target token of the whole step
     stop: bool  # some rank asked to stop (stop_requested): every rank reads the same answer at the same step
+
+
+@dataclass(frozen=True)
+class PendingStep:
+    """An optimizer step whose figures are still on the device, and what names it if they are not finite."""
+
+    step: int  # trainer.global_step during it (the steps done before)
+    epoch: int
+    batch_idx: int
+    examples: torch.Tensor  # the first examples of its last batch
+    tokens: int  # real target tokens of its micro-batches on this rank
+    values: torch.Tensor  # (2 or 3,) on the device: gradient norm, summed loss, and under DDP the agreed stop request
 
 
 class TranslationModule(pl.LightningModule):
@@ -55,7 +68,9 @@ class TranslationModule(pl.LightningModule):
         self.model = build_model(self.model_config, self.runtime_config)
         self._step_tokens = 0  # real target tokens of this optimizer step's micro-batches so far (host ints)
         self._step_loss: torch.Tensor | float = 0.0  # their summed loss, on the device
-        self.readout: StepReadout | None = None  # the last optimizer step's, read in configure_gradient_clipping
+        self.readout: StepReadout | None = None  # the last optimizer step read from the device (read_steps)
+        self._pending: list[PendingStep] = []  # optimizer steps since the last read
+        self._skipping = None  # the optimizer told to skip a non-finite step on the device (optimizer.found_inf)
         self.stop_requested = False  # set to stop every rank after the same step (CheckpointOnSignal, on a signal)
         self.validations = 0  # completed validation runs, for bleu_every
         self.scorers: dict[str, BleuScorer] = {}  # validation BLEU per dev set, the main one first; set in setup()
@@ -88,6 +103,9 @@ class TranslationModule(pl.LightningModule):
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         """The step; then the weights' average takes it in, before any callback can checkpoint this batch."""
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        if self._skipping is not None:
+            del self._skipping.found_inf
+            self._skipping = None
         if self.weight_average is not None:
             # step t is counted in global_step only once this hook returns: inside it, global_step is t - 1
             self.weight_average.update(self.model, self.trainer.global_step + 1)
@@ -108,44 +126,68 @@ class TranslationModule(pl.LightningModule):
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Divide the gradients by the step's target tokens (_step_totals), then clip by global norm (Trainer's
         gradient_clip_val). Lightning calls this once per optimizer step, clipping or not, after fp16 unscaling and
-        before the step. The step's one sync reads the norm, the loss and the ranks' stop request together
-        (`readout`): a non-finite norm stops training before any weight changes."""
+        before the step. Nothing here waits on the device: a non-finite norm makes the optimizer skip the step on the
+        device (fused AdamW's found_inf; fp16's gradient scaler does so itself), and the step's norm, loss and the
+        ranks' stop request are read with its logging interval's other steps (read_steps)."""
         tokens, loss_sum = self._step_tokens, self._step_loss
         self._step_tokens, self._step_loss = 0, 0.0
         params = [p for p in self.parameters() if p.grad is not None]
         scale, stop = self._step_totals(tokens)
         torch._foreach_mul_([p.grad for p in params], scale)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if getattr(self.trainer.precision_plugin, "scaler", None) is None:  # not fp16's scaler, which skips itself
+            optimizer.found_inf = (~norm.isfinite()).float()
+            self._skipping = optimizer
         agreed = [stop.float()] if torch.is_tensor(stop) else []  # DDP's, from the collective
-        grad_norm, loss, *agreed = torch.stack([norm.float(), loss_sum.float(), *agreed]).tolist()  # the one sync
-        stop = bool(agreed[0]) if agreed else stop
-        self.readout = StepReadout(self.global_step + 1, loss / max(tokens, 1), grad_norm, stop)
-        if not math.isfinite(grad_norm):
-            self._non_finite_gradients(grad_norm)
-            return
-        self._skipped_in_a_row = 0
+        batch_idx, examples = self._last_batch
+        values = torch.stack([norm.float(), loss_sum.float(), *agreed])
+        self._pending.append(PendingStep(self.global_step, self.current_epoch, batch_idx, examples, tokens, values))
         if gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
             torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
         else:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if (self.global_step + 1) % self.readout_every == 0:
+            self.read_steps()
 
-    def _non_finite_gradients(self, norm: float) -> None:
-        """fp16: the gradient scaler skips this step and lowers its scale (counted, and reported when it keeps
-        happening). bf16 and fp32 have no such remedy: stop, naming the step and its examples."""
+    @property
+    def readout_every(self) -> int:
+        """Optimizer steps between reads: the logging interval (50 where logging is off)."""
+        return self.trainer.log_every_n_steps or 50
+
+    def read_steps(self) -> None:
+        """Read the pending steps' figures from the device, in one sync, into `readout` (the last step's); a
+        non-finite gradient norm among them is handled as _non_finite_gradients says. Called every readout_every
+        steps, and before any checkpoint is written and when training ends, so that no checkpoint follows a
+        non-finite step unseen."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        rows = torch.stack([p.values for p in pending]).tolist()  # the interval's one sync
+        for p, (grad_norm, loss, *agreed) in zip(pending, rows):
+            stop = bool(agreed[0]) if agreed else self.stop_requested
+            self.readout = StepReadout(p.step + 1, loss / max(p.tokens, 1), grad_norm, stop)
+            if math.isfinite(grad_norm):
+                self._skipped_in_a_row = 0
+            else:
+                self._non_finite_gradients(grad_norm, p)
+
+    def _non_finite_gradients(self, norm: float, step: PendingStep) -> None:
+        """fp16: the gradient scaler skipped this step and lowered its scale (counted, and reported when it keeps
+        happening). bf16 and fp32 have no such remedy: the optimizer skipped the step, and training stops, naming the
+        step and its examples, before any checkpoint is written after it."""
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:  # 16-mixed with a grad scaler
             self.skipped_steps += 1
             self._skipped_in_a_row += 1
             if self._skipped_in_a_row == 100:
                 rank_zero_warn(
-                    f"the fp16 gradient scaler has skipped 100 steps in a row (step {self.global_step}): gradients "
+                    f"the fp16 gradient scaler has skipped 100 steps in a row (step {step.step}): gradients "
                     "overflow persistently; try trainer.precision=bf16-mixed or a lower optim.lr"
                 )
             return
-        batch_idx, examples = self._last_batch
         raise TrainingError(
-            f"non-finite gradient norm ({norm}) at step {self.global_step} (epoch {self.current_epoch}, batch "
-            f"{batch_idx}, loss {self.readout.loss:.4g}, examples {examples.tolist()}); no weights were updated and no "
-            "checkpoint written from it: resume from last.ckpt with a lower optim.lr or trainer.precision=32"
+            f"non-finite gradient norm ({norm}) at step {step.step} (epoch {step.epoch}, batch {step.batch_idx}, loss "
+            f"{self.readout.loss:.4g}, examples {step.examples.tolist()}); no weights were updated from it and no "
+            "checkpoint written after it: resume from last.ckpt with a lower optim.lr or trainer.precision=32"
         )
 
     # Validation: loss and perplexity over the whole split; BLEU and chrF from greedy decoding
@@ -233,12 +275,16 @@ class TranslationModule(pl.LightningModule):
     # Checkpoints: the tokenizers, so that a checkpoint translates alone; what exact resume needs (ExactResume)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.read_steps()  # a non-finite step since the last read stops training here, before this checkpoint
         checkpoint["precision"] = str(self.trainer.precision)  # evaluation decodes as validation did
         if self.weight_average is not None and self.weight_average.shadow is not None:
             checkpoint["ema_state_dict"] = self.weight_average.state_dict(prefix="model.")  # as state_dict's names
         data = getattr(self.trainer, "datamodule", None)
         if isinstance(data, TranslationDataModule):
             checkpoint.update(data.checkpoint_extras())  # "tokenizers", and "data" for evaluate's defaults
+
+    def on_train_end(self) -> None:
+        self.read_steps()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         for state in checkpoint.get("optimizer_states", []):  # loading keeps the saved groups' settings: a checkpoint
