@@ -1,22 +1,25 @@
-"""The prepared GPU check: one script, within 8 minutes on one H200, every figure from real training runs
-(`python -m transformer.train`: Lightning, the GPU recipe's config, logging on). It writes each result to
+"""The prepared GPU check: one script, within 10 minutes on one H200, every figure from real training runs
+(`python -m transformer.train`: Lightning, the GPU recipe's config, logging on), the eager training step beside the
+compiled one (COMPILED: torch.compile with CUDA graphs over bounded batch shapes). It writes each result to
 OUT/gpu_check.md as it comes, most important first:
 
 1. the environment;
-2. the kernels a training step of the recipe launches (torch.profiler), beside those predicted for it on a CPU
-   (scripts/predict_kernels.py);
-3. host syncs over 10 steps (torch.cuda.set_sync_debug_mode("warn")): one per step is expected, the step's readout;
-4. MFU of the base and big models: analytic FLOPs of the real (unpadded) tokens over the device's own bf16 peak;
-5. the GPU recipe for --recipe-steps steps, with its closing line (training steps' share of the wall clock), then one
-   beam-5 evaluate of its last checkpoint;
+2. the base model, eager and compiled: target tokens/s and MFU (analytic FLOPs of the real tokens over the device's
+   bf16 peak), GPU kernels and host launches per step (torch.profiler), host syncs over 50 steps (CUDA's sync debug
+   mode: one per logging interval is expected), graphs and batch shapes; and the kernels a CPU predicts;
+3. the GPU recipe to its end (--recipe-steps, compiled unless --recipe-eager), with its closing line (trainer.fit's
+   wall clock, validation's share), then one beam-5 evaluate of its last checkpoint on test_2016_flickr;
+4. beam-5 decoding of that checkpoint on the GPU: our search beside CTranslate2 (its export, bf16), sentences/s;
+5. the big model, as 2;
 6. runtime.attention_backend=flash (padding-free) through training, validation BLEU and translate;
-7. where the host's time goes in the base model's training steps: py-spy's samples (py-spy is a dev dependency).
-DDP is not checked: one GPU cannot show it.
+7. where the host's time goes in the base model's eager training steps: py-spy's samples (a dev dependency).
+A stage that would start past --minutes is skipped. DDP is not checked: one GPU cannot show it.
 
-    python scripts/gpu_check.py --stage          # once, where the data is: copies Multi30k (2.5 MB) beside this script
-    python scripts/gpu_check.py --out OUT        # on the GPU machine (the device tool: carry scripts/gpu_check_data)
+    python scripts/gpu_check.py --stage          # once, here: Multi30k and the wheels the lent machine lacks
+    python scripts/gpu_check.py --out OUT        # there (the device tool: carry scripts/gpu_check_data; --stage
+                                                 # prints the whole command)
     python scripts/gpu_check.py --smoke --out OUT  # on a CPU: the tiny model, a few steps, to check the script itself
-    python scripts/gpu_check.py --out OUT --stages mfu,host_profile runtime.attention_backend=efficient  # some stages, overrides
+    python scripts/gpu_check.py --out OUT --stages base,host_profile runtime.attention_backend=efficient  # some stages, overrides
 """
 
 import argparse
@@ -27,16 +30,24 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGED = Path(__file__).resolve().parent / "gpu_check_data" / "multi30k"
+STAGING = Path(__file__).resolve().parent / "gpu_check_data"
+STAGED, WHEELS = STAGING / "multi30k", STAGING / "wheels"
 RECIPE = "experiment=multi30k_de_en_gpu"
+# the compiled training step: inductor's kernels replayed as CUDA graphs, one recording per batch shape
+COMPILED = ["compile=true", "compile_mode=reduce-overhead", "data.length_rungs=16"]
 PROBES = "transformer.benchmarks.gpu"
 NO_CHECKPOINTS = ["~callbacks.last_checkpoint", "~callbacks.best_checkpoint", "~callbacks.epoch_checkpoints"]
+# What the lender's image (Python 3.12, torch 2.11, Lightning, sacrebleu, sentencepiece, pyarrow) lacks, at the
+# versions installed here (docs/gpu_runs.md)
+CARRIED = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", "dill", "multiprocess", "py-spy",
+           "ctranslate2")  # fmt: skip
 
 
 def find_multi30k(given: Path | None) -> Path:
@@ -63,7 +74,7 @@ class Check:
     """Runs the stages as subprocesses of this project's commands, each with its own folder under OUT."""
 
     def __init__(self, args, data: Path, report: Report):
-        self.args, self.report, self.out = args, report, args.out
+        self.args, self.report, self.out, self.data = args, report, args.out, data
         cache = args.cache or args.out / "cache"
         self.common = [f"data.path={data}", f"data.cache_dir={cache}", "trainer.enable_progress_bar=false",
                        *args.overrides]  # fmt: skip
@@ -94,8 +105,9 @@ class Check:
             raise RuntimeError(f"{name}: exit {done.returncode}: {tail} (log: {self.out / name}.log)")
         return done
 
-    def probe(self, name: str) -> dict:
-        return json.loads((self.out / name / "probes" / f"{name.split('_')[0]}.json").read_text())
+    def probe(self, name: str, probe: str | None = None) -> dict:
+        """What a probe callback of stage run `name` wrote (by default the one the name begins with)."""
+        return json.loads((self.out / name / "probes" / f"{probe or name.split('_')[0]}.json").read_text())
 
 
 def environment(report: Report) -> None:
@@ -110,59 +122,120 @@ def environment(report: Report) -> None:
     report("## Environment\n" + "\n".join(lines))
 
 
-def kernels_and_syncs(check: Check, report: Report) -> None:
-    steps = 9 if check.args.smoke else 17
-    check.run("kernels", "transformer.train", RECIPE, f"trainer.max_steps={steps}", "trainer.limit_val_batches=0",
-              *NO_CHECKPOINTS, f"+callbacks.kernels._target_={PROBES}.KernelNames",
-              f"+callbacks.kernels.out={check.out / 'kernels' / 'probes'}",
-              f"+callbacks.syncs._target_={PROBES}.SyncWarnings", "+callbacks.syncs.first=6",  # after the profiler
-              f"+callbacks.syncs.steps={steps - 7}", f"+callbacks.syncs.out={check.out / 'kernels' / 'probes'}")  # fmt: skip
-    found = json.loads((check.out / "kernels" / "probes" / "kernels.json").read_text())
-    lines = [f"- {family}: {', '.join(f'{k[0][:70]} x{k[1]}' for k in kernels[:3]) or 'none'}"
-             for family, kernels in found["attention"].items()]  # fmt: skip
-    top = "\n".join(f"| {name[:90]} | {count} | {ms:.2f} |" for name, count, ms in found["kernels"][:12])
-    from transformer.kernel_calls import predicted_kernels
+def training_steps(check: Check, report: Report, size: str) -> None:
+    """One run per mode (eager, compiled) of the recipe's batches with the `size` model and every probe: kernels over
+    2 steps, then syncs over 50, then throughput; compiled, all of it after the first epoch, whose new batch shapes
+    are being recorded as CUDA graphs."""
+    smoke = check.args.smoke
+    rows = ["| mode | target tok/s | TFLOP/s | MFU | GPU kernels / step | host launches / step | host syncs | graphs "
+            "(breaks) | batch shapes | CUDA graph skips |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    speeds = {}
+    for mode, overrides in (("eager", []), ("compiled", COMPILED)):
+        first = 2 if smoke else (5 if mode == "eager" else 70)
+        syncs, steps = (4, 4) if smoke else (50, check.args.mfu_steps)
+        name = f"{size}_{mode}"
+        probes = check.out / name / "probes"
+        check.run(name, "transformer.train", RECIPE, f"model={size}", *overrides, "trainer.limit_val_batches=0",
+                  f"trainer.max_steps={first + 2 + syncs + steps}", *NO_CHECKPOINTS,
+                  f"+callbacks.kernels._target_={PROBES}.KernelNames", f"+callbacks.kernels.out={probes}",
+                  f"+callbacks.kernels.first={first}",
+                  f"+callbacks.syncs._target_={PROBES}.SyncWarnings", f"+callbacks.syncs.first={first + 2}",
+                  f"+callbacks.syncs.steps={syncs}", f"+callbacks.syncs.out={probes}",
+                  f"+callbacks.throughput._target_={PROBES}.Throughput", f"+callbacks.throughput.first={first + 2 + syncs}",
+                  f"+callbacks.throughput.out={probes}", f"+callbacks.graphs._target_={PROBES}.Graphs",
+                  f"+callbacks.graphs.out={probes}")  # fmt: skip
+        t, k = check.probe(name, "throughput"), check.probe(name, "kernels")
+        sync, graphs = check.probe(name, "syncs"), check.probe(name, "graphs")
+        speeds[mode] = t["target_tokens_per_s"]
+        peak = f"{t['mfu']:.1%} of {t['peak_tflops']:.0f}" if t["mfu"] else "n/a"
+        where = ", ".join(f"{place} x{n}" for place, n in sync["where"]) or "none"
+        rows.append(f"| {mode} | {t['target_tokens_per_s']:,.0f} | {t['tflops']:.1f} | {peak} | "
+                    f"{k['device_kernels'] / k['steps']:.0f} | {k['launches'] / k['steps']:.0f} | {sync['syncs']} in "
+                    f"{sync['steps']} steps ({where}) | {graphs['graphs']} ({graphs['breaks']}) | {graphs['shapes']} | "
+                    f"{graphs['cudagraph_skips']} |")  # fmt: skip
+    ratio = speeds["compiled"] / max(speeds["eager"], 1e-9)
+    text = (f"## The {size} model's training step, eager and compiled ({' '.join(COMPILED)}; recipe batches, bf16)\n"
+            + "\n".join(rows) + f"\n\nCompiled / eager target tokens/s: {ratio:.2f}x")  # fmt: skip
+    if size == "base":
+        from transformer.kernel_calls import predicted_kernels
 
-    predicted = predicted_kernels([RECIPE, *(["model.size=tiny"] if check.args.smoke else []), *check.args.overrides],
-                                  ("training step",))  # fmt: skip
-    report(f"## Kernels of {found['steps']} training steps of the recipe (torch.profiler)\nAttention kernels by family:\n"
-           + "\n".join(lines) + f"\n\n| kernel | calls | GPU ms |\n|---|---:|---:|\n{top}\n\nPredicted (CPU record):\n"
-           + predicted)  # fmt: skip
-    syncs = json.loads((check.out / "kernels" / "probes" / "syncs.json").read_text())
-    where = ", ".join(f"{place} x{n}" for place, n in syncs["where"])
-    report(f"## Host syncs\n- {syncs['syncs']} in {syncs['steps']} optimizer steps (expected: 1 per step, "
-           f"training/module.py's readout): {where or 'none'}")  # fmt: skip
+        overrides = [RECIPE, *(["model.size=tiny"] if smoke else []), *check.args.overrides]
+        text += "\n\nAttention kernels predicted on a CPU (kernels.py's record):\n" + predicted_kernels(
+            overrides, ("training step",)
+        )
+        families = check.probe("base_eager", "kernels")["attention"]
+        text += "\n\nAttention kernels profiled (eager):\n" + "\n".join(
+            f"- {family}: {', '.join(f'{n[:70]} x{c}' for n, c, _ in found[:3]) or 'none'}"
+            for family, found in families.items()
+        )
+    report(text)
 
 
-def mfu(check: Check, report: Report) -> None:
-    first, steps = (2, 6) if check.args.smoke else (20, check.args.mfu_steps)
-    rows = ["| model | target tok/s | TFLOP/s | peak | MFU |", "|---|---:|---:|---:|---:|"]
-    for size in ("base", "big"):
-        name = f"throughput_{size}"
-        check.run(name, "transformer.train", RECIPE, f"model={size}", f"trainer.max_steps={first + steps}",
-                  "trainer.limit_val_batches=0", *NO_CHECKPOINTS, f"+callbacks.throughput._target_={PROBES}.Throughput",
-                  f"+callbacks.throughput.first={first}", f"+callbacks.throughput.out={check.out / name / 'probes'}")  # fmt: skip
-        t = check.probe(name)
-        peak = f"{t['peak_tflops']:.0f}" if t["peak_tflops"] else "unknown"
-        share = f"{t['mfu']:.1%}" if t["mfu"] else "n/a"
-        rows.append(f"| {size} | {t['target_tokens_per_s']:,.0f} | {t['tflops']:.1f} | {peak} | {share} |")
-    report(f"## MFU through the Trainer (the recipe's batches and precision, steps {first}-{first + steps})\n"
-           + "\n".join(rows))  # fmt: skip
+def base(check: Check, report: Report) -> None:
+    training_steps(check, report, "base")
+
+
+def big(check: Check, report: Report) -> None:
+    training_steps(check, report, "big")
 
 
 def recipe(check: Check, report: Report) -> None:
     steps = 20 if check.args.smoke else check.args.recipe_steps
+    mode = [] if check.args.recipe_eager else COMPILED
     start = time.monotonic()
-    done = check.run("recipe", "transformer.train", RECIPE, f"trainer.max_steps={steps}",
+    done = check.run("recipe", "transformer.train", RECIPE, *mode, f"trainer.max_steps={steps}",
                      *(["trainer.val_check_interval=10", "validation.bleu_max_sentences=50"] if check.args.smoke else []))  # fmt: skip
     clock = next((line for line in done.stderr.splitlines() if line.startswith("wall clock:")), "no wall clock line")
-    report(f"## The GPU recipe for {steps} steps ({time.monotonic() - start:.0f} s with start-up)\n- {clock}")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    report(f"## The GPU recipe for {steps} steps, {' '.join(mode) or 'eager'} ({time.monotonic() - start:.0f} s with "
+           f"start-up)\n- {clock}")  # fmt: skip
     split, beam = ("val", 1) if check.args.smoke else ("test_2016_flickr", 5)
     evaluated = check.run("recipe_evaluate", "transformer.evaluate", f"ckpt_path={check.out / 'recipe/checkpoints/last.ckpt'}",
-                          f"device={device}", f"split={split}", f"beam_size={beam}")  # fmt: skip
+                          f"device={device()}", f"split={split}", f"beam_size={beam}")  # fmt: skip
     bleu = next((line for line in evaluated.stdout.splitlines() if line.startswith("BLEU")), evaluated.stdout[-300:])
     report(f"- last checkpoint, beam {beam}, {split}: {bleu}")
+
+
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def decode(check: Check, report: Report) -> None:
+    """Beam 5 over test_2016_flickr with the recipe's last checkpoint on the GPU: our search in bf16 beside
+    CTranslate2 running its export in bf16 (export's own parity gate first, on this machine's CPU). Each engine
+    translates once to warm up, then twice timed; the median pass counts."""
+    from transformer.data.sources import read_lines
+    from transformer.translators import CheckpointTranslator, CTranslate2Translator, SearchConfig
+
+    checkpoint = check.out / "recipe" / "checkpoints" / "last.ckpt"
+    if not checkpoint.exists():
+        raise RuntimeError(f"decode: no {checkpoint}; run the recipe stage first")
+    sentences = 50 if check.args.smoke else 1000
+    folder = check.out / "export"
+    check.run("export", "transformer.export", f"ckpt_path={checkpoint}", f"output={folder}",
+              f"parity_sentences={min(sentences, 200)}")  # fmt: skip
+    ours = CheckpointTranslator.from_path(str(checkpoint), device=device())
+    split = "val" if check.args.smoke else "test_2016_flickr"
+    texts = read_lines(check.data / f"{split}.{ours.data['src']}.gz")[:sentences]
+    search, precision = SearchConfig(beam_size=5), "bf16" if device() == "cuda" else "32"
+    rows = ["| engine | sentences/s | relative |", "|---|---:|---:|"]
+    speeds = {}
+    engines = {"ours": lambda: ours, "CTranslate2": lambda: CTranslate2Translator(folder, device=device())}
+    for name, make in engines.items():
+        try:
+            engine = make()
+            engine.translate(texts[:64], search, precision)
+            seconds = []
+            for _ in range(2):
+                started = time.perf_counter()
+                engine.translate(texts, search, precision)
+                if device() == "cuda":
+                    torch.cuda.synchronize()
+                seconds.append(time.perf_counter() - started)
+            speeds[name] = len(texts) / sorted(seconds)[0]
+            rows.append(f"| {name} | {speeds[name]:,.1f} | {speeds[name] / speeds['ours']:.2f} |")
+        except (RuntimeError, OSError, ValueError) as e:  # CTranslate2's CUDA build may miss its libraries there
+            rows.append(f"| {name} | failed: {str(e).splitlines()[0][:200]} | |")
+    report(f"## Beam-5 decoding on {device()}, {len(texts)} sentences of {split}, {precision}\n" + "\n".join(rows))
 
 
 def flash(check: Check, report: Report) -> None:
@@ -175,9 +248,8 @@ def flash(check: Check, report: Report) -> None:
     events = EventAccumulator(str(check.out / "flash" / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     bleu = [f"{e.value:.2f}" for e in events.Scalars("val/bleu")] if "val/bleu" in events.Tags()["scalars"] else []
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     translated = check.run("flash_translate", "transformer.translate", f"ckpt_path={check.out / 'flash/checkpoints/last.ckpt'}",
-                           *kernel, f"device={device}", "precision=bf16" if device == "cuda" else "precision=32",
+                           *kernel, f"device={device()}", "precision=bf16" if device() == "cuda" else "precision=32",
                            stdin="Ein Hund läuft über die Wiese.\nZwei Männer spielen Fußball.\n")  # fmt: skip
     report(f"## runtime.attention_backend={backend}, padding-free: trained {steps} steps, validated (greedy BLEU on "
            f"{sentences} sentences: {bleu[-1] if bleu else 'not shown'}), translated:\n"
@@ -213,7 +285,7 @@ def host_profile(check: Check, report: Report) -> None:
            f"loop, about {total / rate:.1f} s)\n" + "\n\n".join(rows))  # fmt: skip
 
 
-STAGES = {stage.__name__: stage for stage in (kernels_and_syncs, mfu, recipe, flash, host_profile)}
+STAGES = {stage.__name__: stage for stage in (base, recipe, decode, big, flash, host_profile)}
 
 
 def stage_names(text: str) -> list[str]:
@@ -224,16 +296,41 @@ def stage_names(text: str) -> list[str]:
     return names
 
 
+def stage_for_the_device(data: Path) -> None:
+    """Multi30k, and wheels of CARRIED for the lender's Python 3.12 at the versions installed here, into STAGING
+    (git ignores it); then the device command that installs them there and runs the check."""
+    STAGED.mkdir(parents=True, exist_ok=True)
+    for file in data.glob("*.gz"):
+        shutil.copyfile(file, STAGED / file.name)  # the files, not a link: the GPU machine has no target
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    pinned = [f"{name}=={metadata.version(name)}" for name in CARRIED]
+    platforms = [arg for tag in ("manylinux_2_28", "manylinux_2_27", "manylinux_2_17", "manylinux2014", "manylinux1")
+                 for arg in ("--platform", f"{tag}_x86_64")]  # fmt: skip
+    pip = [sys.executable, "-m", "pip", "-q"]
+    binary = [p for p in pinned if not p.startswith("antlr4")]  # antlr4's runtime comes as a source package only
+    subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+                    "--implementation", "cp", *platforms, "-d", str(WHEELS), *binary], check=True)  # fmt: skip
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(WHEELS), *set(pinned) - set(binary)], check=True)
+    size = sum(f.stat().st_size for f in STAGING.rglob("*") if f.is_file()) / 2**20
+    print(f"staged {len(list(STAGED.glob('*.gz')))} Multi30k files and {len(list(WHEELS.glob('*.whl')))} wheels "
+          f"({size:.0f} MiB) in {STAGING}; there, with carry [scripts/gpu_check_data]:\n"
+          f"  python3 -m pip install -q --no-index --no-deps --target /tmp/site {WHEELS.relative_to(ROOT)}/*.whl && "
+          "PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py --out $OUT")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu_check")
     parser.add_argument("--data", type=Path, help="the Multi30k folder (default: found, see find_multi30k)")
     parser.add_argument("--cache", type=Path, help="data.cache_dir of the runs (default: OUT/cache)")
-    parser.add_argument("--stage", action="store_true", help="copy Multi30k beside this script, then stop")
+    parser.add_argument(
+        "--stage", action="store_true", help="copy Multi30k and the wheels beside this script, then stop"
+    )
     parser.add_argument("--smoke", action="store_true", help="the tiny model and a few steps: checks the script")
-    parser.add_argument("--minutes", type=float, default=8.0, help="stages that would start later are skipped")
+    parser.add_argument("--minutes", type=float, default=9.0, help="stages that would start later are skipped")
     parser.add_argument("--mfu-steps", type=int, default=40)
-    parser.add_argument("--recipe-steps", type=int, default=1000)
+    parser.add_argument("--recipe-steps", type=int, default=6000, help="default: the recipe's, to its end")
+    parser.add_argument("--recipe-eager", action="store_true", help="the recipe without COMPILED")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training run")
     parser.add_argument(
         "--stages", type=stage_names, default=list(STAGES), help=f"of {','.join(STAGES)} (default: all)"
@@ -241,10 +338,7 @@ def main() -> None:
     args = parser.parse_intermixed_args()  # overrides among the options
     data = find_multi30k(args.data)
     if args.stage:
-        STAGED.mkdir(parents=True, exist_ok=True)
-        for file in data.glob("*.gz"):
-            shutil.copyfile(file, STAGED / file.name)  # the files, not a link: the GPU machine has no target
-        print(f"copied {len(list(STAGED.glob('*.gz')))} files into {STAGED}")
+        stage_for_the_device(data)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     report = Report(args.out)

@@ -10,11 +10,12 @@ from transformer.benchmarks.gpu import attention_family, host_shares
 
 from .helpers import MULTI30K, ROOT
 
-STAGES = ("## Environment", "## Kernels of", "## Host syncs", "## MFU through the Trainer", "## The GPU recipe for",
-          "## runtime.attention_backend=auto, padding-free", "## Host profile of")  # fmt: skip
+STAGES = ("## Environment", "## The base model's training step, eager and compiled", "## The GPU recipe for",
+          "## Beam-5 decoding on", "## The big model's training step", "## runtime.attention_backend=auto, padding-free",
+          "## Host profile of")  # fmt: skip
 
 
-@pytest.mark.slow  # every stage as a subprocess of the real commands: about 2 minutes
+@pytest.mark.slow  # every stage as a subprocess of the real commands: about 3 minutes
 def test_gpu_check_runs_every_stage_in_its_smoke_mode(tmp_path, multi30k_cache):
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--smoke", "--out", str(tmp_path / "out"),
                            "--data", str(MULTI30K), "--cache", str(multi30k_cache)],
@@ -22,7 +23,8 @@ def test_gpu_check_runs_every_stage_in_its_smoke_mode(tmp_path, multi30k_cache):
     report = (tmp_path / "out" / "gpu_check.md").read_text()
     assert done.returncode == 0, report + done.stderr[-2000:]
     assert [stage in report for stage in STAGES] == [True] * len(STAGES) and report.rstrip().endswith("all stages ran")
-    assert "wall clock: training steps" in report and "| base |" in report and "| big |" in report
+    assert "wall clock: training steps" in report and report.count("| eager |") == report.count("| compiled |") == 2
+    assert "| ours |" in report and "| CTranslate2 | failed" not in report
     assert "(transformer/model/" in report.split("## Host profile of")[1]  # py-spy saw the model's lines
 
 

@@ -69,7 +69,10 @@ def test_decoder_layer_matches_torch(norm_first):
     src_padding = torch.arange(7)[None, :] >= torch.tensor([7, 3])[:, None]
     causal = nn.Transformer.generate_square_subsequent_mask(5)
     expected = ref(x, memory, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=src_padding)
-    attention = masks.causal(5, 5, None, masks.future_table(5)), masks.key_padding(SequenceLayout.from_padding(src_padding))
+    attention = (
+        masks.causal(5, 5, None, masks.future_table(5)),
+        masks.key_padding(SequenceLayout.from_padding(src_padding)),
+    )
     torch.testing.assert_close(ours(x, memory, *attention), expected, rtol=1e-5, atol=1e-5)
 
 

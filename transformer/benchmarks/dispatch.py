@@ -9,13 +9,15 @@ backward), attention is one fused SDPA kernel each way (the CPU's flash kernel s
 the dropout inside), and the explicit path that `backend=auto` takes for a CPU's bf16 training is off."""
 
 import contextlib
+import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from unittest import mock
 
 import torch
 import torch.nn.functional as F
+from torch._inductor.utils import run_and_get_code
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -70,17 +72,48 @@ class StepOps:
         return self.forward.total() + self.backward.total()
 
 
-def count_training_step(model: torch.nn.Module, batch: dict, label_smoothing: float = 0.1) -> StepOps:
+def count_training_step(model: torch.nn.Module, batch: dict, loss: Callable | None = None) -> StepOps:
     """The ops of one training step of `model` (in train mode) on a collated batch, as the method above counts them:
-    the second of two steps, so that nothing done once (a lazily built buffer) is counted."""
+    the second of two steps, so that nothing done once (a lazily built buffer) is counted. `loss(model, batch)`
+    gives the step's loss; by default the training loss (batch_loss_sum, label smoothing 0.1)."""
+    loss = loss or (lambda model, batch: batch_loss_sum(model, batch, 0.1)[0])
     model.train()
     for _ in range(2):
         model.zero_grad(set_to_none=True)
         forward, backward = OpCounter(), OpCounter()
         with gpu_like_dispatch():
             with forward, torch.autocast("cpu", dtype=torch.bfloat16):
-                loss, _ = batch_loss_sum(model, batch, label_smoothing)
+                value = loss(model, batch)
             with backward:
-                loss.backward()
+                value.backward()
     model.zero_grad(set_to_none=True)
     return StepOps(forward.ops, backward.ops)
+
+
+# A kernel call in inductor's output code: a generated kernel (C++ on a CPU, Triton's `.run` on a GPU) or an extern
+# one (matmuls, attention)
+_KERNEL_CALL = re.compile(
+    r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|torch\.ops\.\w+\.\w+)(?:\.\w+)?\(", re.M
+)
+
+
+def kernel_calls(code: str) -> Counter:
+    """The kernels one run of an inductor output module launches, by kind (generated kernels counted together)."""
+    body = code[code.index("def call(") :] if "def call(" in code else code
+    return Counter("generated" if not name.startswith(("extern", "torch.ops")) else name
+                   for name in _KERNEL_CALL.findall(body))  # fmt: skip
+
+
+def compiled_kernels(model: torch.nn.Module, batch: dict, label_smoothing: float = 0.1) -> list[Counter]:
+    """The kernels of one training step of a model compiled with inductor (compile_dynamic), per graph it compiled
+    (forward, backward), read from inductor's output code; dispatched as a GPU would (gpu_like_dispatch)."""
+    model.train()
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = batch_loss_sum(model, batch, label_smoothing)
+        loss.backward()
+
+    with gpu_like_dispatch():
+        _, codes = run_and_get_code(step)
+    return [kernel_calls(code) for code in codes]

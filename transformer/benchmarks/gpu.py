@@ -25,6 +25,10 @@ ATTENTION_KERNELS = (
 )
 
 
+# the CUDA runtime and driver calls by which a host starts work on the GPU, as the profiler names them
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+
+
 def attention_family(kernel: str) -> str | None:
     return next((family for family, patterns in ATTENTION_KERNELS if any(p in kernel.lower() for p in patterns)), None)
 
@@ -81,12 +85,17 @@ class KernelNames(Callback):
             self.done = True
             _synchronize()
             self.profiler.stop()
-            events = [e for e in self.profiler.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+            averages = self.profiler.key_averages()
+            events = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
             kernels = sorted(((e.key, e.count, e.device_time_total / 1e3) for e in events), key=lambda k: -k[2])
             families = {
                 family: [k for k in kernels if attention_family(k[0]) == family] for family, _ in ATTENTION_KERNELS
             }
-            _write(self.out, "kernels", {"steps": self.steps, "kernels": kernels[:60], "attention": families})
+            # what the host itself launched: kernels one by one, or whole CUDA graphs (a replay is one launch)
+            launches = sum(e.count for e in averages if e.device_type == torch.autograd.DeviceType.CPU
+                           and any(name in e.key for name in LAUNCHES))  # fmt: skip
+            _write(self.out, "kernels", {"steps": self.steps, "kernels": kernels[:60], "attention": families,
+                                         "device_kernels": sum(k[1] for k in kernels), "launches": launches})  # fmt: skip
 
 
 class SyncWarnings(Callback):
@@ -115,6 +124,26 @@ class SyncWarnings(Callback):
             syncs = [w for w in self._recorded if "synchroniz" in str(w.message)]
             where = Counter(f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}" for w in syncs)
             _write(self.out, "syncs", {"steps": self.steps, "syncs": len(syncs), "where": where.most_common()})
+
+
+class Graphs(Callback):
+    """What torch.compile made of the run, read when training ends: dynamo's graphs and graph breaks, the CUDA graph
+    recordings inductor skipped (cudagraph trees record one per batch shape), and the distinct batch shapes."""
+
+    def __init__(self, out: str):
+        self.out, self.shapes = out, set()
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.shapes.add(tuple(tuple(v.shape) for v in batch.values() if torch.is_tensor(v)))
+
+    def on_train_end(self, trainer, module):
+        from torch._dynamo.utils import counters
+
+        _write(self.out, "graphs", {
+            "graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values()),
+            "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+            "shapes": len(self.shapes),
+        })  # fmt: skip
 
 
 class Throughput(Callback):

@@ -39,23 +39,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
         wide = torch.float64 if x.dtype == torch.float64 else torch.float32  # where logits and sums are kept
         grad_x = torch.empty_like(x) if wants_x and N > rows else None  # one chunk's is x's gradient
         grad_weight = weight.new_zeros(weight.shape, dtype=wide) if wants_weight and N > rows else None  # summed
-        total = x.new_zeros((), dtype=wide)
+        totals = []
         for start in range(0, N, rows):
             xc, yc = x[start : start + rows], labels[start : start + rows]  # (n, d), (n,)
-            ignored = yc.eq(ignore_index)[:, None]  # (n, 1)
-            at = yc.masked_fill(ignored.squeeze(1), 0)[:, None]  # (n, 1): the label, or any column where ignored
+            at, ignored = yc[:, None], yc.eq(ignore_index)[:, None]  # (n, 1) each; ignore_index is a column too
             z = torch.mm(xc, weight.t()).to(wide)  # (n, V)
             z_label, z_sum = z.gather(1, at), z.sum(1, keepdim=True)  # (n, 1) each
             top = z.amax(1, keepdim=True)  # (n, 1)
             p = z.sub_(top).exp_()  # (n, V): unnormalised probabilities, in z's memory
             norm = p.sum(1, keepdim=True)  # (n, 1)
             loss = norm.log().add_(top).sub_(z_label, alpha=1 - smoothing).sub_(z_sum, alpha=smoothing / V)
-            total += loss.masked_fill_(ignored, 0.0).sum()
+            totals.append(loss.masked_fill_(ignored, 0.0).sum())
             if not (wants_x or wants_weight):
                 continue
             p.div_(norm).sub_(smoothing / V)  # (n, V): the gradient in z, but for the label's -(1 - smoothing)
-            p.scatter_add_(1, at, torch.full_like(z_label, smoothing - 1).masked_fill_(ignored, 0.0))
-            g = p.masked_fill_(ignored, 0.0).to(x.dtype)  # (n, V)
+            g = p.scatter_(1, at, smoothing - 1, reduce="add").masked_fill_(ignored, 0.0).to(x.dtype)  # (n, V)
             if wants_x:
                 if N <= rows:
                     grad_x = g @ weight  # (N, d)
@@ -64,6 +62,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if wants_weight:
                 part = g.t() @ xc  # (V, d)
                 grad_weight = part if grad_weight is None else grad_weight.add_(part)
+        total = totals[0] if len(totals) == 1 else torch.stack(totals).sum()
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         ctx.save_for_backward(grad_x, grad_weight)

@@ -48,8 +48,8 @@ class Embeddings(nn.Module):
                 f"sequence reaches position {end} but max_positions={self.max_positions}; "
                 "shorten the inputs or raise model.max_positions"
             )
-        x = self.tokens(tokens) * self.scale  # (B, T, d)
         if self.training and self.token_dropout > 0:
+            x = self.tokens(tokens) * self.scale  # (B, T, d)
             kept = F.dropout(x.new_ones(*tokens.shape, 1), self.token_dropout)  # (B, T, 1): 0 or 1 / (1 - p)
-            x = x * kept
-        return self.dropout(x + self.positions[offset:end])
+            return self.dropout(x * kept + self.positions[offset:end])
+        return self.dropout(torch.add(self.positions[offset:end], self.tokens(tokens), alpha=self.scale))  # (B, T, d)

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -10,8 +10,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import KVCache, sdpa_backend
 from .casting import cast_once, compute_dtype
-from .cross_entropy import linear_cross_entropy
 from .config import ModelConfig, RuntimeConfig
+from .cross_entropy import linear_cross_entropy
 from .embedding import Embeddings
 from .layers import DecoderLayer, EncoderLayer
 from .layout import SequenceLayout
@@ -131,15 +131,7 @@ class EncoderDecoder(nn.Module):
         """Returns memory (B, S, d) and the source's layout, which decode takes (`layout[rows]` selects rows).
         Training passes the collator's layout (SequenceLayout.right_padded), so that nothing waits on the device."""
         layout = self.source_layout(src) if src_layout is None else src_layout
-        if self.window is None:
-            mask = key_padding(layout, self_attention=True, dtype=self._attention_dtype(src.device.type))
-        else:  # each query's window of keys, less padding: padded queries far from any real key have none
-            B, S = src.shape
-            mask = attention_mask(layout.padding, None, batch=B, heads=1, q_len=S, k_len=S, window=self.window,
-                                  device=src.device, every_query_has_a_key=not layout.padded)  # fmt: skip
-        kernels = self._kernels(src.device.type)
-        with kernels():
-            return self.encoder(self.src_embed(src), mask, kernels), layout
+        return self._encode(src, self._encoder_mask(layout, src)), layout
 
     def decode(
         self,
@@ -153,35 +145,55 @@ class EncoderDecoder(nn.Module):
         src_layout) may hold one row per g consecutive rows of tgt (beam search: a sentence's g beams). With `where`,
         logits only at its True positions, (N, V): training needs none at padding. `where` is a (B, T) bool mask, or
         the (N,) flat positions b * T + t of its True entries, which select without a sync."""
-        return self.output(self.decoder_states(tgt, memory, src_layout, cache, where))
+        # packs where the layout does: decoding steps too, for GPU flash
+        cross_mask = key_padding(src_layout, dtype=self._attention_dtype(tgt.device.type))
+        return self.output(self._decoder_states(tgt, memory, cross_mask, cache, where))
 
-    def decoder_states(self, tgt: Tensor, memory: Tensor, src_layout: SequenceLayout,
-                       cache: DecoderCache | None = None, where: Tensor | None = None) -> Tensor:  # fmt: skip
-        """decode's, before the output layer: (B, T, d), or (N, d) with `where`."""
+    def forward(self, src: Tensor, tgt: Tensor, where: Tensor | None = None, src_layout: SequenceLayout | None = None,
+                labels: Tensor | None = None, label_smoothing: float = 0.0) -> Tensor:  # fmt: skip
+        """Logits (B, T, V), or (N, V) at `where` (decode's); with `labels` (one per logit row, pad_id where none),
+        the label-smoothed cross-entropy summed over the labelled rows instead: the output layer and the loss in one
+        piece (linear_cross_entropy), so that a compiled model compiles its loss too. The encoder's padding mask
+        serves cross-attention too."""
+        layout = self.source_layout(src) if src_layout is None else src_layout
+        mask = self._encoder_mask(layout, src)
+        memory = self._encode(src, mask)
+        if self.window is None:
+            cross_mask = replace(mask, queries=None)  # the same keys, queries not packed
+        else:
+            cross_mask = key_padding(layout, dtype=self._attention_dtype(src.device.type))
+        x = self._decoder_states(tgt, memory, cross_mask, where=where)
+        if labels is None:
+            return self.output(x)
+        if self.output.bias is not None:
+            raise ValueError("linear_cross_entropy takes an output layer without bias")
+        return linear_cross_entropy(x.flatten(0, -2), self.output.weight, labels, label_smoothing, self.pad_id)
+
+    def _encoder_mask(self, layout: SequenceLayout, src: Tensor) -> AttentionMask:
+        if self.window is None:
+            return key_padding(layout, self_attention=True, dtype=self._attention_dtype(src.device.type))
+        # each query's window of keys, less padding: padded queries far from any real key have none
+        B, S = src.shape
+        return attention_mask(layout.padding, None, batch=B, heads=1, q_len=S, k_len=S, window=self.window,
+                              device=src.device, every_query_has_a_key=not layout.padded)  # fmt: skip
+
+    def _encode(self, src: Tensor, mask: AttentionMask) -> Tensor:
+        kernels = self._kernels(src.device.type)
+        with kernels():
+            return self.encoder(self.src_embed(src), mask, kernels)  # (B, S, d)
+
+    def _decoder_states(self, tgt: Tensor, memory: Tensor, cross_mask: AttentionMask,
+                        cache: DecoderCache | None = None, where: Tensor | None = None) -> Tensor:  # fmt: skip
+        """The decoder's output states: (B, T, d), or (N, d) with `where`."""
         offset = 0 if cache is None else len(cache)
         T = tgt.size(1)
         self_mask = causal(T, offset + T, self.window, self.future)
-        # packs where the layout does: decoding steps too, for GPU flash
-        cross_mask = key_padding(src_layout, dtype=self._attention_dtype(tgt.device.type))
         kernels = self._kernels(tgt.device.type)
         with kernels():
             x = self.decoder(self.tgt_embed(tgt, offset), memory, self_mask, cross_mask, kernels, cache)  # (B, T, d)
         if where is not None:
             x = x[where] if where.dtype == torch.bool else x.flatten(0, 1).index_select(0, where)  # (N, d)
         return x
-
-    def forward(self, src: Tensor, tgt: Tensor, where: Tensor | None = None, src_layout: SequenceLayout | None = None,
-                labels: Tensor | None = None, label_smoothing: float = 0.0) -> Tensor:  # fmt: skip
-        """Logits (B, T, V), or (N, V) at `where` (decode's); with `labels` (one per logit row, pad_id where none),
-        the label-smoothed cross-entropy summed over the labelled rows instead: the output layer and the loss in one
-        piece (linear_cross_entropy), so that a compiled model compiles its loss too."""
-        memory, layout = self.encode(src, src_layout)
-        if labels is None:
-            return self.decode(tgt, memory, layout, where=where)
-        x = self.decoder_states(tgt, memory, layout, where=where)
-        if self.output.bias is not None:
-            raise ValueError("linear_cross_entropy takes an output layer without bias")
-        return linear_cross_entropy(x.flatten(0, -2), self.output.weight, labels, label_smoothing, self.pad_id)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache.empty(len(self.decoder.layers))

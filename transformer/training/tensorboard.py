@@ -32,7 +32,8 @@ def attention_maps(model: EncoderDecoder, src: Tensor, tgt_in: Tensor) -> dict[s
             handles.append(attn.register_forward_pre_hook(ask_for_weights, with_kwargs=True))
             handles.append(attn.register_forward_hook(keep(f"{name}/layer{i}")))
     try:
-        model(src, tgt_in)
+        with torch.compiler.set_stance("force_eager"):  # a compiled model's graphs have no hooks: never recompile
+            model(src, tgt_in)
     finally:
         for handle in handles:
             handle.remove()
