@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 from transformer.data import TranslationDataModule
 from transformer.data.batching import padded_length
 from transformer.kernel_calls import synthetic_batch
-from transformer.model import ModelConfig, SequenceLayout, build_model
+from transformer.model import ModelConfig, RuntimeConfig, SequenceLayout, build_model
 from transformer.model.compiling import compile_dynamic
 from transformer.model.loss import batch_loss_sum, loss_sum
 
@@ -70,6 +70,20 @@ def check_compiled_training_step_equals_eager(backend: str) -> None:
 def test_training_forward_and_backward_capture_as_one_graph():
     """Dynamo and AOTAutograd (forward and backward graphs) without inductor's C++ compilation: fast."""
     check_compiled_training_step_equals_eager("aot_eager")
+
+
+def test_activation_checkpointing_compiles_as_one_graph():
+    """Eager checkpointing recomputes inside the forward's kernel order (a context_fn), which dynamo refuses: a
+    compiled model checkpoints without it, traced whole."""
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, dropout=0.0, **ONE_LAYER)
+    model = build_model(cfg, RuntimeConfig(activation_checkpointing=True)).train()
+    torch._dynamo.reset()
+    counters.clear()
+    compile_dynamic(model, fullgraph=True, backend="aot_eager")
+    batch_loss_sum(model, collated([5, 3, 7], [4, 6, 2]), 0.1)[0].backward()
+    assert counters["stats"]["unique_graphs"] == 1
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
 @pytest.mark.slow  # inductor compiles C++ kernels: about a minute on 2 cores

@@ -12,7 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from transformer.benchmarks.dispatch import compiled_kernels, count_training_step, gpu_like_dispatch, kernel_calls
+from transformer.benchmarks.dispatch import (
+    OpCounter,
+    compiled_kernels,
+    count_training_step,
+    gpu_like_dispatch,
+    kernel_calls,
+)
 from transformer.kernel_calls import synthetic_batch
 from transformer.model import ModelConfig, RuntimeConfig, attention, build_model
 from transformer.model import cross_entropy as fused
@@ -136,6 +142,23 @@ def test_the_fused_output_layer_and_loss_equal_pytorchs_in_float64(monkeypatch, 
         torch.testing.assert_close(g, h)
     with torch.no_grad():
         torch.testing.assert_close(fused.linear_cross_entropy(x, w, labels, 0.1, pad), want)
+
+
+def test_the_fused_loss_computes_no_gradient_without_grad_mode_and_leaves_float16_to_the_plain_one():
+    """Validation (no grad mode, float32 parameters that require gradients) runs the logits' matmul alone. float16's
+    gradient in the logits would flush to zero before the loss scale reaches it: the plain formulation takes it."""
+    x, w = torch.randn(6, 8), torch.nn.Parameter(torch.randn(11, 8))
+    labels = torch.randint(0, 11, (6,))
+    ops = OpCounter()
+    with torch.no_grad(), ops:
+        fused.linear_cross_entropy(x, w, labels, 0.1, 0)
+    assert ops.ops["mm"] == 1 and not ops.ops["scatter"]
+    with mock.patch.object(fused._LinearCrossEntropy, "apply", side_effect=AssertionError("fused")):
+        half = fused.linear_cross_entropy(x.half(), w.half(), labels, 0.1, 0)
+    want = F.cross_entropy(
+        F.linear(x.half(), w.half()).float(), labels, ignore_index=0, label_smoothing=0.1, reduction="sum"
+    )
+    torch.testing.assert_close(half, want)
 
 
 def test_the_bf16_training_loss_and_gradients_match_the_float32_logits_path():

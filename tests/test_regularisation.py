@@ -100,6 +100,7 @@ def test_training_applies_rdrop_and_token_dropout(tmp_path):
     trainer = run_train(tmp_path / "run", [
         *tiny_data(tmp_path / "c", tmp_path / "cache"), "model=tiny", "trainer.precision=32-true", "~logger",
         "trainer.max_steps=1", "trainer.limit_val_batches=0", "trainer.enable_progress_bar=false",
+        "trainer.log_every_n_steps=1",  # the step's loss is read from the device at once
         "optim.label_smoothing=0.1", "optim.rdrop_alpha=5", "model.token_dropout=0.2",
         f"+callbacks.first._target_={__name__}.FirstStep",
     ])  # fmt: skip

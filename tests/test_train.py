@@ -1,3 +1,4 @@
+import inspect
 import os
 import re
 import signal
@@ -8,6 +9,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from omegaconf import open_dict
+from pytorch_lightning.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.allocator import HINT, jemalloc_library
@@ -354,6 +356,34 @@ class BF16Probe(pl.Callback):
         module.model.decoder.layers[-1].ff.register_forward_hook(
             lambda m, i, out: self.dtypes.add(out.dtype) if m.training else None
         )
+
+
+def test_fp16s_scaled_gradients_are_unscaled_before_they_are_measured_and_clipped(corpus, tmp_path, monkeypatch):
+    """fp16 with a gradient scaler (a GPU's 16-mixed, which Lightning runs only on CUDA, built here with its plugin
+    on a CPU): fused AdamW unscales inside its own step, so Lightning leaves the gradients scaled when clipping; the
+    module unscales them first, so that the norm logged and clipped is the float32 run's, not 256 times it."""
+    norms = {}
+    for precision in ("32-true", "16-mixed"):
+        if precision == "16-mixed":
+            real = pl.Trainer
+
+            class WithScaler(real):
+                def __init__(self, **kwargs):
+                    del kwargs["precision"]
+                    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+                    super().__init__(
+                        **kwargs | {"plugins": [*kwargs["plugins"], MixedPrecision("16-mixed", "cpu", scaler)]}
+                    )
+
+            WithScaler.__init__.__signature__ = inspect.signature(real.__init__)  # the arguments train() checks
+            monkeypatch.setattr(pl, "Trainer", WithScaler)
+        trainer = run_train(tmp_path / precision, [*on(corpus), "model=tiny", "trainer.precision=32-true",
+                                                   "trainer.max_steps=3", "trainer.log_every_n_steps=1",
+                                                   "trainer.limit_val_batches=0", "trainer.gradient_clip_val=1.0",
+                                                   "~logger", "trainer.enable_progress_bar=false"])  # fmt: skip
+        norms[precision] = trainer.lightning_module.readout.grad_norm
+    assert type(trainer.precision_plugin) is MixedPrecision and trainer.lightning_module.skipped_steps == 0
+    assert norms["16-mixed"] == pytest.approx(norms["32-true"], rel=0.05)
 
 
 @pytest.mark.slow  # end to end in subprocesses

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from .allocator import allocator_hint
 from .cli import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
+from .data.batching import padded_length
 from .model import ModelConfig, RuntimeConfig
 from .model.compiling import compile_dynamic
 from .model.kernels import check_backend
@@ -65,6 +66,19 @@ def check_compile(compile: bool, mode: str | None, runtime: RuntimeConfig, data:
                          "data.length_rungs every batch has its own; add data.length_rungs=16")  # fmt: skip
 
 
+def check_lengths(data: DataConfig, model: ModelConfig) -> None:
+    """The longest sequence a batch can hold, padded (data.length_rungs), within a batch and the model's positions."""
+    longest = int(padded_length(data.max_length + 1, data.length_rungs))  # with its end token
+    if longest > data.max_tokens:
+        raise ValueError(f"data.max_tokens={data.max_tokens} cannot hold one pair of data.max_length={data.max_length} "
+                         f"tokens, padded to {longest} by data.length_rungs={data.length_rungs}; raise data.max_tokens "
+                         "or lower data.max_length")  # fmt: skip
+    if longest > model.max_positions:
+        raise ValueError(f"data.max_length={data.max_length} makes sequences of up to {longest} positions (end token "
+                         f"and data.length_rungs included) but model.max_positions={model.max_positions}; raise "
+                         "model.max_positions or lower data.max_length")  # fmt: skip
+
+
 def trainer_arguments(trainer: dict, runtime: RuntimeConfig, architecture: ModelConfig,
                       resumed_precision: str | None) -> tuple[dict, str | None]:  # fmt: skip
     """The Trainer's arguments as this run passes them, checked, and trainer.precision=auto's note: the precision
@@ -94,6 +108,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     optim, validation = OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"])
     runtime, data_config = RuntimeConfig(**plain["runtime"]), DataConfig.from_dict(plain["data"])
     check_compile(cfg.compile, cfg.compile_mode, runtime, data_config)
+    check_lengths(data_config, architecture)
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
     trainer_args, precision_note = trainer_arguments(plain["trainer"], runtime, architecture,

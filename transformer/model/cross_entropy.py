@@ -15,12 +15,17 @@ CHUNK_ELEMENTS = 1 << 26
 def linear_cross_entropy(x: Tensor, weight: Tensor, labels: Tensor, label_smoothing: float, ignore_index: int
                          ) -> Tensor:  # fmt: skip
     """F.cross_entropy(F.linear(x, weight), labels, label_smoothing=..., ignore_index=..., reduction="sum") for
-    x (N, d), weight (V, d), labels (N,): the same value and gradients, to rounding, in the dtype matmuls run in."""
-    if torch.compiler.is_compiling():
+    x (N, d), weight (V, d), labels (N,): the same value and gradients, to rounding, in the dtype matmuls run in.
+    The plain formulation where the fused one would not pay or would lose: compiled, and in float16, whose gradient
+    in the logits (probabilities down to 1e-6 and below, before the loss scale reaches them) it would flush to zero."""
+    x, weight = cast_once(x), cast_once(weight)
+    if torch.compiler.is_compiling() or x.dtype == torch.float16:
         logits = F.linear(x, weight).float()  # (N, V)
         return F.cross_entropy(logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing,
                                reduction="sum")  # fmt: skip
-    return _LinearCrossEntropy.apply(cast_once(x), cast_once(weight), labels, label_smoothing, ignore_index)
+    if not torch.is_grad_enabled():  # validation: no gradient computed in forward (needs_input_grad would ask)
+        x, weight = x.detach(), weight.detach()
+    return _LinearCrossEntropy.apply(x, weight, labels, label_smoothing, ignore_index)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

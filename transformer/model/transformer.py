@@ -52,8 +52,11 @@ class DecoderCache:
 
 def _run(layer: nn.Module, checkpointed: bool, kernels: Callable[[], AbstractContextManager], *args) -> Tensor:
     """A layer's forward; with activation checkpointing (training only) its activations are recomputed in backward,
-    inside `kernels` (the forward's kernel order, which backward has left) so that they are computed alike."""
+    inside `kernels` (the forward's kernel order, which backward has left) so that they are computed alike. A compiled
+    graph has its kernels fixed already, and dynamo takes no such context."""
     if checkpointed and layer.training and torch.is_grad_enabled():
+        if torch.compiler.is_compiling():
+            return checkpoint(layer, *args, use_reentrant=False)
         return checkpoint(layer, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), kernels()))
     return layer(*args)
 

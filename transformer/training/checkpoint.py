@@ -239,7 +239,8 @@ class CheckpointOnSignal(Checkpoint):
     Stopping at a batch boundary keeps the checkpoint exactly resumable; a second Ctrl-C interrupts at once.
     (Lightning's own SIGTERM handling exits with status 0 after any scheduled validation, saving nothing.)
     Under DDP a signal may reach one rank only: the handler sets the TranslationModule's stop_requested, which the
-    ranks sum in the step's own collective, so that all stop after the same step with no collective of their own.
+    ranks sum in each step's own collective and read with the logging interval's other figures (read_steps), so that
+    all stop after the same step, the interval's last, with no collective or sync of their own.
     A Checkpoint, so that Lightning runs it after the other callbacks, ExactResume's bookkeeping included."""
 
     def __init__(self):
@@ -272,7 +273,7 @@ class CheckpointOnSignal(Checkpoint):
 
     def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs, batch, batch_idx: int) -> None:
         stop = self.received is not None
-        if trainer.world_size > 1:  # every rank's request, as this step's collective summed it
+        if trainer.world_size > 1:  # every rank's request, as the steps' collectives summed it, read with the interval
             readout = module.readout
             stop = readout is not None and readout.step == trainer.global_step and readout.stop
         if not stop:

@@ -84,7 +84,7 @@ class TranslationModule(pl.LightningModule):
         return self.model(src, tgt_in)
 
     def _loss_sum(self, batch: dict, label_smoothing: float, rdrop_alpha: float | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                  ) -> tuple[torch.Tensor, int]:  # fmt: skip
         """(cross-entropy summed over target tokens, number of target tokens); padding ignored, and nothing waits on
         the device: the collator's host facts describe the batch. With rdrop_alpha, R-Drop's loss (model/loss.py)."""
         return batch_loss_sum(self.model, batch, label_smoothing, rdrop_alpha)
@@ -125,17 +125,20 @@ class TranslationModule(pl.LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Divide the gradients by the step's target tokens (_step_totals), then clip by global norm (Trainer's
-        gradient_clip_val). Lightning calls this once per optimizer step, clipping or not, after fp16 unscaling and
-        before the step. Nothing here waits on the device: a non-finite norm makes the optimizer skip the step on the
+        gradient_clip_val). Lightning calls this once per optimizer step, clipping or not, before the step; fp16's
+        scaled gradients are unscaled first. Nothing here waits on the device: a non-finite norm makes the optimizer skip the step on the
         device (fused AdamW's found_inf; fp16's gradient scaler does so itself), and the step's norm, loss and the
         ranks' stop request are read with its logging interval's other steps (read_steps)."""
         tokens, loss_sum = self._step_tokens, self._step_loss
         self._step_tokens, self._step_loss = 0, 0.0
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)  # fp16's gradient scaler, or None
+        if scaler is not None:  # Lightning leaves a fused optimizer's gradients scaled; its step would unscale them
+            scaler.unscale_(optimizer)  # here instead, before they are measured (the scaler's step then knows)
         params = [p for p in self.parameters() if p.grad is not None]
         scale, stop = self._step_totals(tokens)
         torch._foreach_mul_([p.grad for p in params], scale)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if getattr(self.trainer.precision_plugin, "scaler", None) is None:  # not fp16's scaler, which skips itself
+        if scaler is None:  # fp16's scaler skips a non-finite step itself
             optimizer.found_inf = (~norm.isfinite()).float()
             self._skipping = optimizer
         agreed = [stop.float()] if torch.is_tensor(stop) else []  # DDP's, from the collective
@@ -161,15 +164,17 @@ class TranslationModule(pl.LightningModule):
         non-finite step unseen."""
         if not self._pending:
             return
-        pending, self._pending = self._pending, []
+        pending = self._pending
         rows = torch.stack([p.values for p in pending]).tolist()  # the interval's one sync
-        for p, (grad_norm, loss, *agreed) in zip(pending, rows):
+        for i, (p, (grad_norm, loss, *agreed)) in enumerate(zip(pending, rows)):
             stop = bool(agreed[0]) if agreed else self.stop_requested
             self.readout = StepReadout(p.step + 1, loss / max(p.tokens, 1), grad_norm, stop)
             if math.isfinite(grad_norm):
                 self._skipped_in_a_row = 0
             else:
+                self._pending = pending[i:]  # a read after this one (another save) stops there again
                 self._non_finite_gradients(grad_norm, p)
+        self._pending = []
 
     def _non_finite_gradients(self, norm: float, step: PendingStep) -> None:
         """fp16: the gradient scaler skipped this step and lowered its scale (counted, and reported when it keeps
