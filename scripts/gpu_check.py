@@ -201,8 +201,8 @@ def device() -> str:
 
 def decode(check: Check, report: Report) -> None:
     """Beam 5 over test_2016_flickr with the recipe's last checkpoint on the GPU: our search in bf16 beside
-    CTranslate2 running its bfloat16 export (export's own gate first, on this machine's CPU). Each engine translates
-    64 sentences to warm up, then all of them twice; the faster pass counts."""
+    CTranslate2 running its export in bfloat16 (export's own float32 gate first, on this machine's CPU). Each engine
+    translates 64 sentences to warm up, then all of them twice; the faster pass counts."""
     from transformer.data.sources import read_lines
     from transformer.translators import CheckpointTranslator, CTranslate2Translator, SearchConfig
 
@@ -211,7 +211,7 @@ def decode(check: Check, report: Report) -> None:
         raise RuntimeError(f"decode: no {checkpoint}; run the recipe stage first")
     sentences = 50 if check.args.smoke else 1000
     folder = check.out / "export"
-    check.run("export", "transformer.export", f"ckpt_path={checkpoint}", f"output={folder}", "quantization=bfloat16",
+    check.run("export", "transformer.export", f"ckpt_path={checkpoint}", f"output={folder}",
               f"parity_sentences={min(sentences, 200)}")  # fmt: skip
     ours = CheckpointTranslator.from_path(str(checkpoint), device=device())
     split = "val" if check.args.smoke else "test_2016_flickr"
@@ -219,7 +219,9 @@ def decode(check: Check, report: Report) -> None:
     search, precision = SearchConfig(beam_size=5), "bf16" if device() == "cuda" else "32"
     rows = ["| engine | sentences/s | relative |", "|---|---:|---:|"]
     speeds = {}
-    engines = {"ours": lambda: ours, "CTranslate2": lambda: CTranslate2Translator(folder, device=device())}
+    compute_type = "bfloat16" if device() == "cuda" else "default"
+    engines = {"ours": lambda: ours,
+               "CTranslate2": lambda: CTranslate2Translator(folder, device=device(), compute_type=compute_type)}  # fmt: skip
     for name, make in engines.items():
         try:
             engine = make()

@@ -78,13 +78,15 @@ def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sour
 class CTranslate2Translator:
     """A Translator over a CTranslate2 folder: what translate and evaluate use."""
 
-    def __init__(self, folder: str | Path, device: str = "cpu", threads: int = 0, workers: int = 1):
+    def __init__(self, folder: str | Path, device: str = "cpu", threads: int = 0, workers: int = 1,
+                 compute_type: str = "default"):  # fmt: skip
+        """compute_type: CTranslate2's (default: the folder's quantization, as the device supports it)."""
         import ctranslate2
 
         folder = Path(folder)
         card = json.loads((folder / "model_card.json").read_text())
         self.engine = ctranslate2.Translator(str(folder), device=device, intra_threads=threads,
-                                            inter_threads=workers)  # fmt: skip
+                                            inter_threads=workers, compute_type=compute_type)  # fmt: skip
         self.src_tokenizer = SentencePiece(folder / "source.spm.model")
         self.tgt_tokenizer = SentencePiece(folder / "target.spm.model")
         self.pieces = self.src_tokenizer.pieces(), self.tgt_tokenizer.pieces()
