@@ -24,6 +24,15 @@ def padded_length(n, rungs: int | None):
     return int(padded) if padded.ndim == 0 else padded
 
 
+def padded_widths(src_longest: int, tgt_longest: int, rungs: int | None) -> tuple[int, int]:
+    """(S, T) of a batch whose longest source and target have these lengths, as Collate pads it: each side to its
+    longest, or with `rungs` both to padded_length of the longer."""
+    if rungs is None:
+        return src_longest, tgt_longest
+    width = padded_length(max(src_longest, tgt_longest), rungs)
+    return width, width
+
+
 class Segmentation(Protocol):
     """Training examples whose lengths change by epoch (subword.ResegmentedDataset): the sampler packs each epoch's."""
 
@@ -95,8 +104,9 @@ class TokenBatchSampler:
         else:
             order = rng.permutation(len(lengths)) if self.shuffle else np.arange(len(lengths))
         n = len(order)
-        size = padded_length(lengths.max(axis=1), self.length_rungs)
-        order = order[np.lexsort((lengths[order].sum(axis=1), lengths[order].max(axis=1)))]  # by longest side, total
+        longest = lengths.max(axis=1)
+        size = padded_length(longest, self.length_rungs)  # what a batch of each example is padded to
+        order = order[np.lexsort((lengths[order].sum(axis=1), longest[order]))]  # by longest side, then total
         batches, start = [], 0
         for i, length in enumerate(size[order]):  # ascending, so the newest example is the longest
             if (i - start + 1) * length > self.max_tokens:
@@ -215,9 +225,7 @@ class Collate:
     def __call__(self, examples: list[tuple[np.ndarray, np.ndarray, int]]) -> dict:
         src, tgt, index = zip(*examples)
         src_lengths = np.array([len(s) + 1 for s in src])  # with EOS
-        S, T = src_lengths.max(), max(len(t) for t in tgt) + 1  # with EOS or BOS
-        if self.length_rungs is not None:
-            S = T = padded_length(max(S, T), self.length_rungs)
+        S, T = padded_widths(int(src_lengths.max()), max(len(t) for t in tgt) + 1, self.length_rungs)  # EOS, BOS
         tgt_out = self._pad(tgt, None, self.eos_id, T)
         # the loss at the real target tokens; with length rungs at every position, so that their number is no shape
         positions = np.flatnonzero(tgt_out != self.pad_id) if self.length_rungs is None else np.arange(tgt_out.size)
@@ -241,6 +249,5 @@ def padding_fraction(batches: list[np.ndarray], lengths: np.ndarray, length_rung
     for b in batches:
         sizes = lengths[b]
         real += int(sizes.sum())
-        S, T = sizes.max(axis=0)
-        padded += len(b) * (int(S + T) if length_rungs is None else 2 * padded_length(int(max(S, T)), length_rungs))
+        padded += len(b) * sum(padded_widths(*map(int, sizes.max(axis=0)), length_rungs))
     return 1 - real / max(padded, 1)

@@ -126,12 +126,12 @@ class TranslationModule(pl.LightningModule):
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Divide the gradients by the step's target tokens (_step_totals), then clip by global norm (Trainer's
         gradient_clip_val). Lightning calls this once per optimizer step, clipping or not, before the step; fp16's
-        scaled gradients are unscaled first. Nothing here waits on the device: a non-finite norm makes the optimizer skip the step on the
-        device (fused AdamW's found_inf; fp16's gradient scaler does so itself), and the step's norm, loss and the
-        ranks' stop request are read with its logging interval's other steps (read_steps)."""
+        scaled gradients are unscaled first. Nothing here waits on the device: a non-finite norm makes the optimizer
+        skip the step on the device (fused AdamW's found_inf; fp16's gradient scaler does so itself), and the step's
+        norm, loss and the ranks' stop request are read with its logging interval's other steps (read_steps)."""
         tokens, loss_sum = self._step_tokens, self._step_loss
         self._step_tokens, self._step_loss = 0, 0.0
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)  # fp16's gradient scaler, or None
+        scaler = self._grad_scaler
         if scaler is not None:  # Lightning leaves a fused optimizer's gradients scaled; its step would unscale them
             scaler.unscale_(optimizer)  # here instead, before they are measured (the scaler's step then knows)
         params = [p for p in self.parameters() if p.grad is not None]
@@ -151,6 +151,11 @@ class TranslationModule(pl.LightningModule):
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
         if (self.global_step + 1) % self.readout_every == 0:
             self.read_steps()
+
+    @property
+    def _grad_scaler(self) -> torch.amp.GradScaler | None:
+        """fp16's gradient scaler (16-mixed), or None."""
+        return getattr(self.trainer.precision_plugin, "scaler", None)
 
     @property
     def readout_every(self) -> int:
@@ -180,7 +185,7 @@ class TranslationModule(pl.LightningModule):
         """fp16: the gradient scaler skipped this step and lowered its scale (counted, and reported when it keeps
         happening). bf16 and fp32 have no such remedy: the optimizer skipped the step, and training stops, naming the
         step and its examples, before any checkpoint is written after it."""
-        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:  # 16-mixed with a grad scaler
+        if self._grad_scaler is not None:
             self.skipped_steps += 1
             self._skipped_in_a_row += 1
             if self._skipped_in_a_row == 100:
