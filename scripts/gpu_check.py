@@ -15,7 +15,8 @@ OUT/gpu_check.md as it comes, most important first:
 7. where the host's time goes in the base model's eager training steps: py-spy's samples (a dev dependency).
 A stage that would start past --minutes is skipped. DDP is not checked: one GPU cannot show it.
 
-    python scripts/gpu_check.py --stage          # once, here: Multi30k and the wheels the lent machine lacks
+    python scripts/gpu_check.py --stage          # once, here: Multi30k, its captions and the wheels the lent
+                                                 # machine lacks (for this check and the teacher-student pipeline)
     python scripts/gpu_check.py --out OUT        # there (the device tool: carry scripts/gpu_check_data; --stage
                                                  # prints the whole command)
     python scripts/gpu_check.py --smoke --out OUT  # on a CPU: the tiny model, a few steps, to check the script itself
@@ -38,7 +39,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGING = Path(__file__).resolve().parent / "gpu_check_data"
-STAGED, WHEELS = STAGING / "multi30k", STAGING / "wheels"
+STAGED, CAPTIONS, WHEELS = STAGING / "multi30k", STAGING / "multi30k_captions", STAGING / "wheels"
 RECIPE = "experiment=multi30k_de_en_gpu"
 # the compiled training step: inductor's kernels replayed as CUDA graphs, one recording per batch shape
 COMPILED = ["compile=true", "compile_mode=reduce-overhead", "data.length_rungs=16"]
@@ -300,11 +301,17 @@ def stage_names(text: str) -> list[str]:
 
 
 def stage_for_the_device(data: Path) -> None:
-    """Multi30k, and wheels of CARRIED for the lender's Python 3.12 at the versions installed here, into STAGING
-    (git ignores it); then the device command that installs them there and runs the check."""
-    STAGED.mkdir(parents=True, exist_ok=True)
-    for file in data.glob("*.gz"):
-        shutil.copyfile(file, STAGED / file.name)  # the files, not a link: the GPU machine has no target
+    """Multi30k, its captions (for scripts/reproduce_teacher_student.py) and wheels of CARRIED for the lender's
+    Python 3.12 at the versions installed here, into STAGING (git ignores it); then the device commands that install
+    them there and run this check, or the teacher-to-student pipeline."""
+    captions = next((f for f in (data.parent / "multi30k_captions", ROOT / "data" / "multi30k_captions")
+                     if (f / "train.1.en.gz").is_file()), None)  # fmt: skip
+    if captions is None:
+        raise SystemExit(f"no captions beside {data} or in data/multi30k_captions: link them as the README says")
+    for source, staged in ((data, STAGED), (captions.resolve(), CAPTIONS)):
+        staged.mkdir(parents=True, exist_ok=True)
+        for file in source.glob("*.gz"):
+            shutil.copyfile(file, staged / file.name)  # the files, not a link: the GPU machine has no target
     WHEELS.mkdir(parents=True, exist_ok=True)
     pinned = [f"{name}=={metadata.version(name)}" for name in CARRIED]
     platforms = [arg for tag in ("manylinux_2_28", "manylinux_2_27", "manylinux_2_17", "manylinux2014", "manylinux1")
@@ -315,10 +322,14 @@ def stage_for_the_device(data: Path) -> None:
                     "--implementation", "cp", *platforms, "-d", str(WHEELS), *binary], check=True)  # fmt: skip
     subprocess.run([*pip, "wheel", "--no-deps", "-w", str(WHEELS), *set(pinned) - set(binary)], check=True)
     size = sum(f.stat().st_size for f in STAGING.rglob("*") if f.is_file()) / 2**20
-    print(f"staged {len(list(STAGED.glob('*.gz')))} Multi30k files and {len(list(WHEELS.glob('*.whl')))} wheels "
-          f"({size:.0f} MiB) in {STAGING}; there, with carry [scripts/gpu_check_data]:\n"
-          f"  python3 -m pip install -q --no-index --no-deps --target /tmp/site {WHEELS.relative_to(ROOT)}/*.whl && "
-          "PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py --out $OUT")  # fmt: skip
+    install = (f"python3 -m pip install -q --no-index --no-deps --target /tmp/site {WHEELS.relative_to(ROOT)}/*.whl && "
+               "PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3")  # fmt: skip
+    pipeline = (f"scripts/reproduce_teacher_student.py --main {STAGED.relative_to(ROOT)} --captions "
+                f"{CAPTIONS.relative_to(ROOT)} --minutes 8 --speed-sentences 250 --pack $OUT/teacher_student.tar.gz")  # fmt: skip
+    print(f"staged {len(list(STAGED.glob('*.gz')))} Multi30k files, {len(list(CAPTIONS.glob('*.gz')))} caption files "
+          f"and {len(list(WHEELS.glob('*.whl')))} wheels ({size:.0f} MiB) in {STAGING}; there, with carry "
+          f"[scripts/gpu_check_data], this check:\n  {install} scripts/gpu_check.py --out $OUT\n"
+          f"or the teacher-to-student pipeline (docs/teacher_student.md):\n  {install} {pipeline}")  # fmt: skip
 
 
 def main() -> None:
@@ -327,7 +338,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, help="the Multi30k folder (default: found, see find_multi30k)")
     parser.add_argument("--cache", type=Path, help="data.cache_dir of the runs (default: OUT/cache)")
     parser.add_argument(
-        "--stage", action="store_true", help="copy Multi30k and the wheels beside this script, then stop"
+        "--stage", action="store_true", help="copy Multi30k, its captions and the wheels beside this script, then stop"
     )
     parser.add_argument("--smoke", action="store_true", help="the tiny model and a few steps: checks the script")
     parser.add_argument("--minutes", type=float, default=9.0, help="stages that would start later are skipped")

@@ -1,4 +1,4 @@
-"""The table of scripts/reproduce_teacher_student.sh's folder: every model's steps, training wall-clock minutes, the
+"""The table of scripts/reproduce_teacher_student.py's folder: every model's steps, training wall-clock minutes, the
 machines and precision it trained on, its BLEU and chrF++ on each split scored (EMA weights, beam 5), and, with
 --speed, the int8 exports' BLEU at their parity gate and sentences/s on 1 and 2 threads over a file of sources (the
 median of 3 passes), and the aims judged. --best-teacher prints the pipeline's teacher (OUT/teachers and the ensemble)
@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--best-teacher", action="store_true", help="print the teacher the pipeline distils")
     parser.add_argument("--single", action="store_true", help="with --best-teacher: the ensemble left out")
     parser.add_argument("--speed", help="a file of sources: time the int8 exports on them")
+    parser.add_argument("--speed-sentences", type=int, default=0, help="with --speed: its first N lines (0: all)")
     args = parser.parse_args()
     out = Path(args.out)
     if args.best_teacher:
@@ -136,9 +137,26 @@ def main() -> None:
         trained_on = f"{' / '.join(machines) or '?'}, {' / '.join(precisions)}"
         cells = [f"{by_split[s]['bleu']:.2f} | {by_split[s]['chrf']:.2f}" if s in by_split else "|" for s in splits]
         print(f"| {name} | {' + '.join(steps)} | {' + '.join(minutes)} | {trained_on} | " + " | ".join(cells) + " |")
+    cards = sorted(out.glob("*/train.translation.json"))  # translate output=: each corpus's record
+    translations = [(card, card.parent.with_name(card.parent.name + ".wall_clock_s")) for card in cards]
+    if translations:
+        print("\nThe corpus translations (the wall clock of each start that translated, and its machine):\n")
+        print("| corpus | lines | pairs | search | minutes | on |\n|---|---:|---:|---|---:|---|")
+        for card, wall in translations:
+            record = json.loads(card.read_text())
+            starts = [line.partition(" ") for line in wall.read_text().splitlines()] if wall.exists() else []
+            minutes = f"{sum(int(seconds) for seconds, _, _ in starts) / 60:.1f}" if starts else "?"
+            search = record["search"]
+            how = (
+                f"sampling (top-k {search['sampling_topk']})"
+                if search["sampling_topk"]
+                else f"beam {search['beam_size']}"
+            )
+            on = " / ".join(dict.fromkeys(machine for _, _, machine in starts)) or "?"
+            print(f"| {card.parent.name} | {record['lines']:,} | {record['pairs']:,} | {how} | {minutes} | {on} |")
     rates = {}
     if args.speed:
-        sources = read_lines(Path(args.speed))
+        sources = read_lines(Path(args.speed))[: args.speed_sentences or None]
         print(f"\nThe int8 exports (NAME_shortlist: with a lexical shortlist) on {len(sources)} sentences of "
               f"{args.speed}, beam 5, median of 3 passes; BLEU as their parity gate measured it:\n")  # fmt: skip
         print("| int8 export | gate BLEU, beam 5 (checkpoint) | sentences/s, 1 thread | 2 threads |")

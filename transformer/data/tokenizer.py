@@ -2,6 +2,7 @@
 
 import functools
 import hashlib
+import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -107,7 +108,7 @@ def train_sentencepiece(sentences: Iterable[str], prefix: Path, vocab_size: int,
     """Train a model on `sentences` (sentencepiece samples max_sentences of them), written to prefix.model; byte
     fallback keeps every character encodable; tags become reserved pieces, never split."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    tmp = prefix.with_name(prefix.name + ".tmp")
+    tmp = prefix.with_name(f"{prefix.name}.tmp-{os.getpid()}")  # its own: processes may train one at once
 
     def non_empty() -> Iterator[str]:
         return (s for s in sentences if s.strip())
