@@ -30,6 +30,7 @@ import io
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -62,7 +63,8 @@ def run_steps(steps: list[Step], slots: list[list[int]], deadline: float | None 
               stop: Callable[[], None] = lambda: None, say: Callable[[str], None] = print) -> list[str]:  # fmt: skip
     """Each step once every step of its `after` has finished, the first ready in list order first, up to
     len(slots) at once, each on its own slot's cores. After a failure, or once time.monotonic() passes `deadline`,
-    nothing more starts; at the deadline `stop()` is called once (it stops what runs). The steps left unfinished."""
+    nothing more starts; at the deadline, or if this is interrupted, `stop()` is called once (it stops what runs).
+    The steps left unfinished."""
     names = [step.name for step in steps]
     unknown = {a for step in steps for a in step.after} - set(names)
     if unknown or len(set(names)) != len(names):
@@ -73,45 +75,48 @@ def run_steps(steps: list[Step], slots: list[list[int]], deadline: float | None 
     def log(step: Step, what: str) -> None:
         say(f"[{time.monotonic() - began:7.1f} s] {step.name}: {what}")
 
+    def ran(step: Step, work: Callable[[], None]) -> None:
+        try:
+            work()
+            finished.add(step.name)
+            log(step, "finished")
+        except Exception as e:  # noqa: BLE001 (whatever a step raises, the run goes on as after any failure)
+            failed.append(step.name)
+            log(step, f"FAILED: {type(e).__name__}: {e}")
+
     with ThreadPoolExecutor(max_workers=len(slots)) as pool:
-        while True:
-            late = deadline is not None and time.monotonic() >= deadline
-            ready = [] if failed or late else [s for s in pending if set(s.after) <= finished]
-            light = next((step for step in ready if step.light), None)
-            if light is not None:  # at once, then look again: it may make others ready
-                pending.remove(light)
-                try:
-                    light.work([])
-                    finished.add(light.name)
-                except (StepFailed, subprocess.CalledProcessError, OSError, ValueError) as e:
-                    failed.append(light.name)
-                    log(light, f"FAILED: {e}")
-                continue
-            for step in ready:
-                if not free:
+        try:
+            while True:
+                late = deadline is not None and time.monotonic() >= deadline
+                ready = [] if failed or late else [s for s in pending if set(s.after) <= finished]
+                light = next((step for step in ready if step.light), None)
+                if light is not None:  # at once, then look again: it may make others ready
+                    pending.remove(light)
+                    ran(light, lambda: light.work([]))
+                    continue
+                for step in ready:
+                    if not free:
+                        break
+                    slot = free.pop(0)
+                    pending.remove(step)
+                    running[pool.submit(step.work, slots[slot])] = step, slot
+                    log(step, f"started on cores {','.join(map(str, slots[slot]))}" if len(slots) > 1 else "started")
+                if not running:
                     break
-                slot = free.pop(0)
-                pending.remove(step)
-                running[pool.submit(step.work, slots[slot])] = step, slot
-                log(step, f"started on cores {','.join(map(str, slots[slot]))}" if len(slots) > 1 else "started")
-            if not running:
-                break
-            timeout = None if deadline is None or stopped else max(deadline - time.monotonic(), 0.0)
-            done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
-            if not done and not stopped:  # the deadline: what runs is stopped (a training saves its last.ckpt)
-                stopped = True
-                say(f"[{time.monotonic() - began:7.1f} s] the deadline: stopping {len(running)} running steps")
+                timeout = None if deadline is None or stopped else max(deadline - time.monotonic(), 0.0)
+                done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+                if not done and not stopped:  # the deadline: what runs is stopped (a training saves its last.ckpt)
+                    stopped = True
+                    say(f"[{time.monotonic() - began:7.1f} s] the deadline: stopping {len(running)} running steps")
+                    stop()
+                for future in done:
+                    step, slot = running.pop(future)
+                    free.append(slot)
+                    ran(step, future.result)
+        except BaseException:  # interrupted (Ctrl-C, a signal): what runs stops too, before the pool waits for it
+            if not stopped:
                 stop()
-            for future in done:
-                step, slot = running.pop(future)
-                free.append(slot)
-                try:
-                    future.result()
-                    finished.add(step.name)
-                    log(step, "finished")
-                except (StepFailed, subprocess.CalledProcessError, OSError, ValueError) as e:
-                    failed.append(step.name)
-                    log(step, f"FAILED: {e}")
+            raise
     return [name for name in names if name not in finished]
 
 
@@ -137,11 +142,12 @@ def cuda_device() -> str | None:
 def machine(gpu: str | None, slots: int) -> str:
     """The processor (and GPU) steps run on, for the table: minutes belong to one machine and one schedule."""
     info = Path("/proc/cpuinfo").read_text()
-    cpu = re.search(r"^model name\s*: (.*)$", info, re.M)
-    flags = set(re.search(r"^flags\s*: (.*)$", info, re.M).group(1).split()) if "flags" in info else set()
+    cpu, flags = re.search(r"^model name\s*: (.*)$", info, re.M), re.search(r"^flags\s*: (.*)$", info, re.M)
+    flags = set(flags.group(1).split()) if flags else set()
     isa = [name for flag, name in (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_bf16", "BF16"),
                                    ("amx_tile", "AMX")) if flag in flags]  # fmt: skip
-    text = f"{cpu.group(1) if cpu else 'unknown CPU'} ({' '.join(isa) or 'no AVX2'}, {os.cpu_count()} cores)"
+    cores = len(os.sched_getaffinity(0))
+    text = f"{cpu.group(1) if cpu else 'unknown CPU'} ({' '.join(isa) or 'no AVX2'}, {cores} cores)"
     return text + (f" + {gpu}" if gpu else "") + (f", {slots} steps at once" if slots > 1 else "")
 
 
@@ -177,11 +183,20 @@ class Commands:
         if code:
             raise StepFailed(f"{' '.join(args[:2])} exited with {code}" + (f"; its log: {log}" if log else ""))
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 60.0) -> None:
+        """SIGTERM now, SIGKILL to any still running `grace` seconds later (a training stops at its next batch)."""
         with self.lock:
             self.stopped = True
             for process in self.live:
                 process.terminate()
+        timer = threading.Timer(grace, self.kill)
+        timer.daemon = True
+        timer.start()
+
+    def kill(self) -> None:
+        with self.lock:
+            for process in self.live:
+                process.kill()
 
 
 class Pipeline:
@@ -271,10 +286,6 @@ class Pipeline:
             if (run / "done").exists():
                 return
             last, started = run / "checkpoints" / "last.ckpt", run / "wall_clock_s.start"
-            if started.exists() and last.exists():
-                began, _, on = started.read_text().strip().partition(" ")
-                if (kept := int(last.stat().st_mtime) - int(began)) > 0:
-                    append(run / "wall_clock_s", f"{kept} {on}")
             run.mkdir(parents=True, exist_ok=True)
             per_slot = []
             if self.concurrent:  # loader workers beside the training process, within its cores; logs without a bar
@@ -287,6 +298,10 @@ class Pipeline:
                 with self.prepare_lock:
                     self.commands(f"train_{name}", cores, "-m", "transformer.prepare", *config,
                                 f"hydra.run.dir={self.out / 'logs' / f'prepare_{name}'}")  # fmt: skip
+            if started.exists() and last.exists():  # counted as the next start's line replaces it: once
+                began, _, on = started.read_text().strip().partition(" ")
+                if (kept := int(last.stat().st_mtime) - int(began)) > 0:
+                    append(run / "wall_clock_s", f"{kept} {on}")
             started.write_text(f"{int(time.time())} {self.on}\n")
             start = time.monotonic()
             resume = ["ckpt_path=last"] if last.exists() else []
@@ -324,10 +339,12 @@ class Pipeline:
         OUT/CORPUS.wall_clock_s gets a line per start that translated: its seconds, then the machine."""
         done = (output / f"train.{tgt}.gz").exists()
         start = time.monotonic()
-        self.commands(step, cores, "-m", "transformer.translate", f"ckpt_path={ckpt}", "ema=true", f"input={source}",
-                      f"output={output}", *search, *self.decoding())  # fmt: skip
-        if not done:
-            append(output.with_name(output.name + ".wall_clock_s"), f"{round(time.monotonic() - start)} {self.on}")
+        try:
+            self.commands(step, cores, "-m", "transformer.translate", f"ckpt_path={ckpt}", "ema=true",
+                          f"input={source}", f"output={output}", *search, *self.decoding())  # fmt: skip
+        finally:  # a stopped start too: the chunks it wrote are kept
+            if not done:
+                append(output.with_name(output.name + ".wall_clock_s"), f"{round(time.monotonic() - start)} {self.on}")
 
     def back_translate(self, source: str) -> Callable[[list[int]], None]:
         search = ["beam_size=5"] if source == "beam" else ["beam_size=1", "sampling_topk=-1", "seed=1"]
@@ -502,7 +519,11 @@ def main() -> None:
     began = time.monotonic()
     gpu = cuda_device()
     concurrent = a.schedule == "concurrent" or (a.schedule == "auto" and gpu is not None)
-    slots = core_slots(a.slots) if concurrent else [sorted(os.sched_getaffinity(0))]
+    cores = sorted(os.sched_getaffinity(0))
+    if not concurrent:
+        slots = [cores]
+    else:  # auto: as many as the cores allow
+        slots = core_slots(min(a.slots, len(cores)) if a.schedule == "auto" else a.slots)
     a.out.mkdir(parents=True, exist_ok=True)
     pipeline = Pipeline(a, Commands(a.out / "logs" if concurrent else None), "cuda" if gpu else "cpu",
                         machine(gpu, len(slots)))  # fmt: skip
@@ -516,6 +537,7 @@ def main() -> None:
     say(f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {'concurrent' if concurrent else 'serial'}, {len(slots)} slots "
         f"of {len(slots[0])} cores, on {pipeline.on}")  # fmt: skip
     deadline = began + a.minutes * 60 if a.minutes else None
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))  # a timeout's signal: stop, then pack
     try:  # whatever happens, what there is comes back packed
         left = run_steps(pipeline.steps(), slots, deadline, pipeline.commands.stop, say)
         if left:

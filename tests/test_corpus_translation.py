@@ -118,6 +118,9 @@ def test_the_command_writes_a_corpus_folder_training_reads_with_the_nbest_and_sc
     assert read_lines(out / "train.en.gz") == targets  # as the data loader reads a corpus folder's split
     translate.main(cfg)  # done: a second run leaves it as it is
     assert "exists: nothing to translate" in capsys.readouterr().err
+    translate.main(compose_command("translate", [f"ckpt_path={ckpt}", f"input={path}", f"output={out}", "beam_size=3",
+                                                 "nbest=2", "chunk_lines=16", "max_tokens=512"]))  # fmt: skip
+    assert "exists: nothing to translate" in capsys.readouterr().err  # batch sizes aside: a GPU resumes a CPU's
     with pytest.raises(SystemExit):  # but not one with other settings
         translate.main(compose_command("translate", [f"ckpt_path={ckpt}", f"input={path}", f"output={out}",
                                                      "beam_size=3", "nbest=2", "chunk_lines=16", "min_score=-1"]))  # fmt: skip

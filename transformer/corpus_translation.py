@@ -103,8 +103,16 @@ def part_of(parts: Path, index: int) -> Path:
 
 
 def check_settings(path: Path, settings: dict, what: str) -> None:
-    """What a folder holds counts only if it was translated from the same input with the same settings."""
-    if path.exists() and {k: v for k, v in json.loads(path.read_text()).items() if k in settings} != settings:
+    """What a folder holds counts only if it was translated from the same input with the same settings, batch
+    sizes aside (search.max_tokens: a GPU resumes what a CPU began)."""
+
+    def compared(found: dict) -> dict:
+        return {**found, "search": {k: v for k, v in found.get("search", {}).items() if k != "max_tokens"}}
+
+    if not path.exists():
+        return
+    saved = {k: v for k, v in json.loads(path.read_text()).items() if k in settings}
+    if compared(saved) != compared(settings):
         raise ValueError(f"{path.parent} {what} from another input or with other settings; delete it to start "
                          "again, or give another output=")  # fmt: skip
 
