@@ -21,9 +21,9 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer.allocator import MALLOC_CONF, OPT_OUT, jemalloc_library
 from transformer.benchmarks.machine import machine
 from transformer.benchmarks.report import record
+from transformer.machine.allocator import MALLOC_CONF, OPT_OUT, jemalloc_library
 
 SKIPPED_STEPS = 50  # the first steps: warm-up, every kernel new
 

@@ -19,11 +19,11 @@ import torch
 from torch._dynamo.utils import counters
 
 from transformer.benchmarks.dispatch import StepOps, compiled_kernels, count_training_step
+from transformer.benchmarks.kernel_calls import synthetic_batch
 from transformer.benchmarks.peers import TorchTransformer
 from transformer.benchmarks.report import record
 from transformer.benchmarks.training import batch_loss
 from transformer.data import DataConfig, TranslationDataModule, padding_fraction
-from transformer.kernel_calls import synthetic_batch
 from transformer.model import ModelConfig, build_model
 from transformer.model.compiling import compile_dynamic
 from transformer.model.loss import batch_loss_sum

@@ -158,7 +158,7 @@ def training_steps(check: Check, report: Report, size: str) -> None:
     text = (f"## The {size} model's training step, eager and compiled ({' '.join(COMPILED)}; recipe batches, bf16)\n"
             + "\n".join(rows) + f"\n\nCompiled / eager target tokens/s: {ratio:.2f}x")  # fmt: skip
     if size == "base":
-        from transformer.kernel_calls import predicted_kernels
+        from transformer.benchmarks.kernel_calls import predicted_kernels
 
         overrides = [RECIPE, *(["model.size=tiny"] if smoke else []), *check.args.overrides]
         text += "\n\nAttention kernels predicted on a CPU (kernels.py's record):\n" + predicted_kernels(
@@ -267,8 +267,8 @@ def host_profile(check: Check, report: Report) -> None:
     spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     if spy is None:
         raise RuntimeError("py-spy is neither beside Python nor on the PATH (pip install py-spy)")
-    from transformer.allocator import preloaded_environment
     from transformer.benchmarks.gpu import host_shares
+    from transformer.machine.allocator import preloaded_environment
 
     steps, rate = (20 if check.args.smoke else 300), 200
     raw = check.out / "host_profile.txt"

@@ -15,7 +15,7 @@ SPLITS=${SPLITS:-"test_2016_flickr val tatoeba/test news/newstest2013"}
 start=$SECONDS
 python -m transformer.train experiment=mix_de_en_cpu "hydra.run.dir=$OUT" "$@"
 echo $((SECONDS - start)) > "$OUT/wall_clock_s"
-python scripts/average_checkpoints.py "$OUT/checkpoints" --last "$AVERAGE" --output "$OUT/checkpoints/average.pt"
+python -m transformer.average "$OUT/checkpoints" --last "$AVERAGE" --output "$OUT/checkpoints/average.pt"
 for split in $SPLITS; do
   python -m transformer.evaluate "ckpt_path=$OUT/checkpoints/average.pt" "split=$split" \
     "hydra.run.dir=$OUT/evaluate/average_beam5_${split//\//.}"

@@ -25,7 +25,7 @@ for pair in $PAIRS; do
   python -m transformer.train "experiment=multi30k_de_en_${RECIPE}" "data.src=$src" "data.tgt=$tgt" \
     "hydra.run.dir=$run" "$@"
   echo $((SECONDS - start)) > "$run/wall_clock_s"
-  python scripts/average_checkpoints.py "$run/checkpoints" --last "$AVERAGE" --output "$run/checkpoints/average.pt"
+  python -m transformer.average "$run/checkpoints" --last "$AVERAGE" --output "$run/checkpoints/average.pt"
   # The last checkpoint decoded greedily on test (as the peer decodes), then the average with beam search.
   if [[ " $SPLITS " == *" test_2016_flickr "* ]]; then
     python -m transformer.evaluate "ckpt_path=$run/checkpoints/last.ckpt" beam_size=1 "hydra.run.dir=$run/evaluate/last_greedy"

@@ -411,7 +411,7 @@ def pinned_precision(overrides: list[str], device: str) -> str:
     given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("trainer.precision=")), "auto")
     if given == "auto" and device != "cpu":
         return "bf16-mixed"
-    from transformer.precision import resolve_precision  # torch: imported by the step that needs it
+    from transformer.machine.precision import resolve_precision  # torch: imported by the step that needs it
 
     return str(resolve_precision(given, "cpu")[0])
 

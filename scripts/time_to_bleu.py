@@ -12,8 +12,9 @@ Keep every epoch's checkpoint for this (callbacks.epoch_checkpoints.save_top_k=-
 import argparse
 from pathlib import Path
 
-from transformer.averaging import checkpoints_by_step
-from transformer.evaluate import data_config, evaluate
+from transformer.data import DataConfig
+from transformer.evaluate import evaluate
+from transformer.training.averaging import checkpoints_by_step
 from transformer.translators import CheckpointTranslator, SearchConfig
 
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     reached = None
     for step, path, minutes in checkpoints_by_step(args.folder, training_minutes):
         translator = CheckpointTranslator.from_path(str(path), ema=args.ema)
-        data = data_config(translator.data, {})
+        data = DataConfig.from_checkpoint(translator.data, {})
         result = evaluate(translator, data, args.split or data.test_split, SearchConfig(beam_size=args.beam_size),
                           translator.trained_precision)  # fmt: skip
         shown = f"{minutes:.1f}" if minutes is not None else "?"

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from transformer.allocator import MALLOC_CONF, OPT_OUT, allocator_hint, jemalloc_environment, jemalloc_library
+from transformer.machine.allocator import MALLOC_CONF, OPT_OUT, allocator_hint, jemalloc_environment, jemalloc_library
 
 LIB = "/usr/lib/libjemalloc.so.2"
 
@@ -29,7 +29,7 @@ def test_no_restart(env, library, loaded):
 
 
 def test_hint_only_for_cpu_runs_that_did_not_opt_out(monkeypatch):
-    monkeypatch.setattr("transformer.allocator.jemalloc_loaded", lambda: False)
+    monkeypatch.setattr("transformer.machine.allocator.jemalloc_loaded", lambda: False)
     monkeypatch.delenv(OPT_OUT, raising=False)
     assert "jemalloc" in allocator_hint("cpu") and allocator_hint("cuda") is None
     monkeypatch.setenv(OPT_OUT, "system")
@@ -43,6 +43,6 @@ def test_a_command_restarts_itself_under_jemalloc(monkeypatch, choice, loaded):
     monkeypatch.delenv(OPT_OUT, raising=False)
     if choice:
         monkeypatch.setenv(OPT_OUT, choice)
-    code = "import sys; from transformer import allocator as a; a.restart_with_jemalloc(); print(a.jemalloc_loaded(), sys.argv[1:])"
+    code = "import sys; from transformer.machine import allocator as a; a.restart_with_jemalloc(); print(a.jemalloc_loaded(), sys.argv[1:])"
     out = subprocess.run([sys.executable, "-c", code, "arg"], capture_output=True, text=True, check=True).stdout
     assert out.split() == [str(loaded), "['arg']"]  # the same command, its arguments kept

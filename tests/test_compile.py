@@ -10,9 +10,9 @@ import pytorch_lightning as pl
 import torch
 from torch._dynamo.utils import counters
 
+from transformer.benchmarks.kernel_calls import synthetic_batch
 from transformer.data import TranslationDataModule
 from transformer.data.batching import padded_length
-from transformer.kernel_calls import synthetic_batch
 from transformer.model import ModelConfig, RuntimeConfig, SequenceLayout, build_model
 from transformer.model.compiling import compile_dynamic
 from transformer.model.loss import batch_loss_sum, loss_sum

@@ -8,11 +8,11 @@ import pytorch_lightning as pl
 import yaml
 from omegaconf import OmegaConf
 
-from transformer.cli import check_overrides
+from transformer.cli.command import check_overrides
+from transformer.config.schema import trainer_arguments
 from transformer.data import DataConfig
 from transformer.data.config import CorpusConfig
 from transformer.model import ModelConfig, RuntimeConfig
-from transformer.schema import trainer_arguments
 from transformer.training import OptimConfig, ValidationConfig
 from transformer.translators import SearchConfig
 

@@ -7,7 +7,7 @@ import datasets
 import pytest
 import torch
 
-from transformer.console import LIGHTNING_LOGGERS, quiet_console
+from transformer.cli.console import LIGHTNING_LOGGERS, quiet_console
 from transformer.data.sources import LARGE, progress_bars_if_large
 
 LEAF_SPEC = (

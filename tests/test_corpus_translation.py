@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from transformer import translate
-from transformer.corpus_translation import translate_corpus
 from transformer.data.sources import read_lines
 from transformer.translators import SearchConfig, open_translator
+from transformer.translators.corpus import translate_corpus
 
 from .helpers import compose_command
 
@@ -166,8 +166,8 @@ def test_sampling_never_draws_the_tokens_it_is_told_not_to():
 def test_sampling_from_a_flattened_distribution_never_draws_a_byte_piece(corpus, tmp_path):
     from omegaconf import OmegaConf
 
+    from transformer.config.schema import ExportConfig
     from transformer.export.__main__ import export
-    from transformer.schema import ExportConfig
 
     translator, _, lines, ckpt = corpus
     assert len(translator.tgt_tokenizer.byte_ids) == 256  # 256 of its 320 pieces: drawn often at T=50

@@ -19,7 +19,7 @@ from transformer.benchmarks.dispatch import (
     gpu_like_dispatch,
     kernel_calls,
 )
-from transformer.kernel_calls import synthetic_batch
+from transformer.benchmarks.kernel_calls import synthetic_batch
 from transformer.model import ModelConfig, RuntimeConfig, attention, build_model
 from transformer.model import cross_entropy as fused
 from transformer.model.compiling import compile_dynamic

@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from transformer import config_reference
-from transformer.schema import register_configs
+from transformer.config import reference as config_reference
+from transformer.config.schema import register_configs
 
 from .helpers import ROOT
 
@@ -21,9 +21,7 @@ COMMANDS = ("train", "prepare", "evaluate", "translate", "export", "serve")
 
 def test_the_configuration_reference_is_the_config_s():
     written = (ROOT / "docs" / "configuration.md").read_text()
-    assert written == config_reference.render(), (
-        "docs/configuration.md is stale: python -m transformer.config_reference"
-    )
+    assert written == config_reference.render(), "docs/configuration.md is stale: python tools/config_reference.py"
 
 
 def test_every_config_field_says_what_it_means():

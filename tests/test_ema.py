@@ -182,7 +182,7 @@ def test_a_resumed_run_continues_the_average_exactly(ema_runs):
 
 
 def test_checkpoint_averaging_averages_the_weight_averages_too(tmp_path):
-    from transformer.averaging import average_checkpoints
+    from transformer.training.averaging import average_checkpoints
 
     paths = []
     for step in (1, 2):
@@ -204,8 +204,8 @@ def test_export_with_ema_deploys_the_average(ema_runs, tmp_path):
     from omegaconf import OmegaConf
 
     require_module("ctranslate2", "pip install -e '.[dev]'")
+    from transformer.config.schema import ExportConfig
     from transformer.export.__main__ import export
-    from transformer.schema import ExportConfig
 
     checkpoint = ema_runs[0] / "ema" / "checkpoints" / "last.ckpt"
     models = {}

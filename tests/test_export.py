@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from transformer.config.schema import ExportConfig
 from transformer.export import UnsupportedModel, checkpoint_spec, ctranslate2_spec, supported, write_model
 from transformer.export.parity import Parity
 from transformer.model import ModelConfig, build_model
-from transformer.schema import ExportConfig
 from transformer.translators import CheckpointTranslator, SearchConfig
 
 from .helpers.prerequisites import require_module
@@ -350,7 +350,8 @@ def test_the_readme_s_python_lines_translate_with_the_export_alone(trained, tmp_
 
 
 def test_translate_and_evaluate_take_an_exported_folder_as_a_checkpoint(trained, tmp_path):
-    from transformer.evaluate import data_config, evaluate
+    from transformer.data import DataConfig
+    from transformer.evaluate import evaluate
     from transformer.export.__main__ import export
     from transformer.translators import open_translator
 
@@ -364,7 +365,7 @@ def test_translate_and_evaluate_take_an_exported_folder_as_a_checkpoint(trained,
         theirs.translate(texts, greedy_search) == ours.translate(texts, greedy_search)
         and theirs.translate(texts, greedy_search)[3] == ""
     )
-    scores = [evaluate(t, data_config(t.data, {}), "val", greedy_search, "32") for t in (ours, theirs)]
+    scores = [evaluate(t, DataConfig.from_checkpoint(t.data, {}), "val", greedy_search, "32") for t in (ours, theirs)]
     assert scores[0]["hypotheses"] == scores[1]["hypotheses"] and scores[0]["bleu"] == scores[1]["bleu"]
     beam = SearchConfig(beam_size=3, length_penalty=0.6)  # the export stops as early_stopping does
     assert theirs.translate(texts, beam) == ours.translate(texts, replace(beam, early_stopping=True))

@@ -1,13 +1,18 @@
-"""The package's modules import each other without cycles, and the plain-PyTorch packages pull in no framework."""
+"""The package's modules import each other without cycles, the commands sit on top (at the package root, imported by
+no module, one another included) with a console script each, and the plain-PyTorch packages pull in no framework."""
 
 import ast
 import functools
 import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from .helpers.prerequisites import require
 
 PACKAGE = Path(__file__).parents[1] / "transformer"
 
@@ -82,6 +87,33 @@ def test_the_import_graph_is_read_from_the_source():
 def test_no_module_of_the_package_imports_itself_through_others():
     found = cycles(import_graph())
     assert not found, f"modules that import each other (one should only use the other): {found}"
+
+
+# what users run: the package root holds these and nothing else (export and serve: packages run by __main__)
+COMMANDS = {"transformer.train", "transformer.prepare", "transformer.evaluate", "transformer.translate",
+            "transformer.average", "transformer.export.__main__", "transformer.serve.__main__"}  # fmt: skip
+
+
+def test_the_package_root_holds_the_commands_and_nothing_else():
+    modules = {f"transformer.{path.stem}" for path in PACKAGE.glob("*.py") if path.stem != "__init__"}
+    run_as_packages = {f"transformer.{path.parent.name}.__main__" for path in PACKAGE.glob("*/__main__.py")}
+    assert modules | run_as_packages == COMMANDS
+
+
+def test_no_module_imports_a_command_and_no_command_another():
+    importing = {name: sorted(COMMANDS & imports) for name, imports in import_graph().items() if COMMANDS & imports}
+    assert importing == {}, "what two commands share belongs in a subpackage below both"
+
+
+def test_every_command_has_a_console_script_that_runs_it():
+    section = (PACKAGE.parent / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
+    targets = {name: target.split(":") for name, target in re.findall(r'^([\w-]+) = "([\w.:]+)"', section, re.M)}
+    assert {module for module, _ in targets.values()} == COMMANDS
+    assert all(name == "transformer-" + module.split(".")[1] for name, (module, _) in targets.items())
+    found = shutil.which("transformer-average")
+    require(found is not None, "the console scripts", 'install the package: pip install -e ".[dev]"')
+    run = subprocess.run([found, "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "transformer.average" in run.stdout  # the command's own usage
 
 
 FRAMEWORKS = ("lightning", "pytorch_lightning", "hydra", "omegaconf")

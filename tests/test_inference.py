@@ -8,10 +8,10 @@ import pytorch_lightning as pl
 import torch
 from sacrebleu.metrics import CHRF, TER
 
-from transformer.averaging import average_checkpoints
-from transformer.data import TranslationDataModule
-from transformer.evaluate import data_config, evaluate
+from transformer.data import DataConfig, TranslationDataModule
+from transformer.evaluate import evaluate
 from transformer.training import TranslationModule
+from transformer.training.averaging import average_checkpoints
 from transformer.translators import CheckpointTranslator, SearchConfig
 
 from .helpers import ROOT
@@ -20,7 +20,7 @@ from .helpers import ROOT
 def test_evaluate_with_greedy_search_reproduces_the_validation_bleu(trained):
     tmp, trainer, ckpt = trained
     translator = CheckpointTranslator.from_path(str(ckpt))
-    data = data_config(translator.data, {})
+    data = DataConfig.from_checkpoint(translator.data, {})
     assert translator.trained_precision == "32"  # decoded as validation was, the same batches
     search = SearchConfig(beam_size=1, max_tokens=data.max_tokens)
     result = evaluate(translator, data, "val", search, translator.trained_precision)
@@ -38,7 +38,7 @@ def test_evaluate_in_bf16_reproduces_a_bf16_validation_of_the_same_weights(train
     chrF++, which float32 decoding does not reach: bf16 is what evaluate ran."""
     _, _, ckpt = trained
     translator = CheckpointTranslator.from_path(str(ckpt))
-    data = data_config(translator.data, {})
+    data = DataConfig.from_checkpoint(translator.data, {})
     trainer = pl.Trainer(precision="bf16-mixed", logger=False, enable_progress_bar=False, enable_checkpointing=False)
     module = TranslationModule.load_from_checkpoint(ckpt)
     validated = trainer.validate(module, TranslationDataModule(data), verbose=False)

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from transformer import precision
+from transformer.machine import precision
+from transformer.machine.precision import INHERITED, bf16_speedup, resolve_precision
 from transformer.model import ModelConfig
-from transformer.precision import INHERITED, bf16_speedup, resolve_precision
 
 from .helpers import RECORD, run_train, tiny_data, write_text_corpus
 from .helpers.ranks import run_ranks

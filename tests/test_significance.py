@@ -6,7 +6,7 @@ import random
 import pytest
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from transformer.significance import paired_tests
+from transformer.evaluation.significance import paired_tests
 
 from .helpers import WORDS_EN
 

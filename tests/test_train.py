@@ -12,9 +12,9 @@ from omegaconf import open_dict
 from pytorch_lightning.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer.allocator import HINT, jemalloc_library
-from transformer.cli import check_overrides
+from transformer.cli.command import check_overrides
 from transformer.data import TranslationDataModule
+from transformer.machine.allocator import HINT, jemalloc_library
 from transformer.model import RuntimeConfig
 from transformer.model.kernels import cuda_kernel, record_sdpa
 from transformer.train import model_config, train

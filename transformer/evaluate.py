@@ -3,7 +3,7 @@ text files, and score it with sacreBLEU."""
 
 import json
 import sys
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import hydra
@@ -11,26 +11,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from sacrebleu.metrics import BLEU
 
-from .cli import check_overrides, one_line_errors, read_lines
+from .cli.command import check_overrides, one_line_errors, read_lines
 from .data import DataConfig, DataError, load_corpus
 from .data.sources import read_lines as read_corpus_lines
+from .evaluation.significance import metrics, paired_tests
 from .model import RuntimeConfig
-from .significance import metrics, paired_tests
 from .translators import SearchConfig, Translator, open_translator
-
-
-def data_config(checkpoint_data: dict, overrides: dict) -> DataConfig:
-    """The checkpoint's data config with the non-null overrides applied."""
-    names = {f.name for f in fields(DataConfig)}
-    values = {k: v for k, v in checkpoint_data.items() if k in names}
-    config = DataConfig(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
-    trained = (checkpoint_data.get("src"), checkpoint_data.get("tgt"))
-    if None not in trained and trained != (config.src, config.tgt):
-        raise ValueError(
-            f"the checkpoint translates {trained[0]}->{trained[1]}, but data.src={config.src} data.tgt={config.tgt}; "
-            "drop those overrides or use a checkpoint trained for that direction"
-        )
-    return config
 
 
 def evaluate(translator: Translator, data: DataConfig, split: str, search: SearchConfig, precision: str) -> dict:
@@ -123,7 +109,7 @@ def main(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)
     pair = None if cfg.input is None and cfg.references is None else check_pair(cfg.input, cfg.references, cfg.split)
     translator = open_translator(plain["ckpt_path"], cfg.device, RuntimeConfig(**plain["runtime"]), cfg.ema)
-    data = data_config(translator.data, plain["data"])
+    data = DataConfig.from_checkpoint(translator.data, plain["data"])
     search = SearchConfig.pick(plain, max_tokens=cfg.max_tokens or data.max_tokens)
     baseline = None if cfg.compare is None else read_lines(cfg.compare, "compare")  # before decoding
     precision = str(cfg.precision or translator.trained_precision)
@@ -149,6 +135,11 @@ def main(cfg: DictConfig) -> None:
     print(f"hypotheses and scores: {out / name}.hyp, .json")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`python -m transformer.evaluate`, and the console script `transformer-evaluate`."""
     check_overrides("evaluate", sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -9,7 +9,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import check_overrides, one_line_errors
+from .cli.command import check_overrides, one_line_errors
 from .data import (
     DataConfig,
     PreparedData,
@@ -121,6 +121,11 @@ def main(config: DictConfig) -> None:
     print(report(data.prepared, cfg))
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`python -m transformer.prepare`, and the console script `transformer-prepare`."""
     check_overrides("prepare", sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 if __name__ == "__main__":  # before the imports below, which a restart would otherwise pay for twice (~4 s)
-    from .allocator import restart_with_jemalloc
+    from .machine.allocator import restart_with_jemalloc
 
     restart_with_jemalloc()
 
@@ -18,14 +18,14 @@ import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .allocator import allocator_hint
-from .cli import check_overrides, check_trainer_args, one_line_errors
+from .cli.command import check_overrides, check_trainer_args, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .data.batching import padded_length
+from .machine.allocator import allocator_hint, restart_with_jemalloc
+from .machine.precision import device_type, resolve_precision
 from .model import ModelConfig, RuntimeConfig
 from .model.compiling import compile_dynamic
 from .model.kernels import check_backend
-from .precision import device_type, resolve_precision
 from .training import OptimConfig, TranslationModule, ValidationConfig
 from .training.checkpoint import AtomicCheckpointIO, RunFolderLock, check_monitors, disk_full_in_run
 from .training.errors import TrainingError
@@ -39,12 +39,9 @@ warnings.filterwarnings("ignore", message="You're resuming from a checkpoint tha
 def model_config(model: dict, data: TranslationDataModule) -> ModelConfig:
     """The named size with overrides; vocabulary sizes and pad id come from the tokenizer, nowhere else."""
     src, tgt = data.src_tokenizer, data.tgt_tokenizer
-    return sized_model(model, src_vocab_size=src.vocab_size, tgt_vocab_size=tgt.vocab_size, pad_id=src.pad_id)
-
-
-def sized_model(model: dict, **vocabulary: int) -> ModelConfig:
-    overrides = {k: v for k, v in model.items() if k != "size" and v is not None}  # null: the size's value
-    return ModelConfig.from_size(model.get("size", "small"), **overrides, **vocabulary)
+    return ModelConfig.from_choice(
+        model, src_vocab_size=src.vocab_size, tgt_vocab_size=tgt.vocab_size, pad_id=src.pad_id
+    )
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -104,7 +101,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     plain = OmegaConf.to_container(cfg, resolve=True)
     # Checked before the precision probe and the data, whose tokenizer and encoding can take minutes: the vocabulary
     # is a placeholder here, the tokenizer's below
-    architecture = sized_model(plain["model"], src_vocab_size=2, tgt_vocab_size=2, pad_id=0)
+    architecture = ModelConfig.from_choice(plain["model"], src_vocab_size=2, tgt_vocab_size=2, pad_id=0)
     optim, validation = OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"])
     runtime, data_config = RuntimeConfig(**plain["runtime"]), DataConfig.from_dict(plain["data"])
     check_compile(cfg.compile, cfg.compile_mode, runtime, data_config)
@@ -192,6 +189,13 @@ def quiet_full_disk_in_threads(hook):
             hook(args)
 
     return excepthook
+
+
+def console_script() -> None:
+    """`transformer-train`: restarted under jemalloc as `python -m transformer.train` is (here after the imports,
+    which that restarts before), then the command."""
+    restart_with_jemalloc()
+    cli()
 
 
 def cli() -> None:

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import check_overrides, one_line_errors
-from .corpus_translation import translate_corpus
+from .cli.command import check_overrides, one_line_errors
 from .model import RuntimeConfig
 from .translators import SearchConfig, check_nbest, checkpoint_paths, open_translator
+from .translators.corpus import translate_corpus
 
 
 def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:
@@ -77,6 +77,11 @@ def main(cfg: DictConfig) -> None:
             os._exit(0)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`python -m transformer.translate`, and the console script `transformer-translate`."""
     check_overrides("translate", sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

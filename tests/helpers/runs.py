@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from transformer.schema import register_configs
+from transformer.config.schema import register_configs
 from transformer.train import train
 
 from .corpora import ROOT

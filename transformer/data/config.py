@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ..config_check import check_field_types
+from ..config.check import check_field_types
 
 FORMATS = ("text", "json", "parquet", "csv", "hub")
 TOKENIZER_TYPES = ("unigram", "bpe")
@@ -150,6 +150,20 @@ class DataConfig(CorpusConfig):
         if unknown:
             raise ValueError(f"unknown data config field(s): {', '.join(sorted(unknown))}")
         return cls(**values)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_data: dict, overrides: dict) -> "DataConfig":
+        """The checkpoint's data config with the non-null overrides applied."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in checkpoint_data.items() if k in names}
+        config = cls(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
+        trained = (checkpoint_data.get("src"), checkpoint_data.get("tgt"))
+        if None not in trained and trained != (config.src, config.tgt):
+            raise ValueError(
+                f"the checkpoint translates {trained[0]}->{trained[1]}, but data.src={config.src} "
+                f"data.tgt={config.tgt}; drop those overrides or use a checkpoint trained for that direction"
+            )
+        return config
 
 
 def _corpus(name: str, values) -> CorpusConfig:

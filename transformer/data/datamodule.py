@@ -8,7 +8,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from ..distributed import every_rank
+from ..machine.distributed import every_rank
 from .batching import Collate, TokenBatchSampler, TokenDataset, example_lengths
 from .config import DataConfig
 from .mixing import Mixture

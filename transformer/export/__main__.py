@@ -10,10 +10,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ..cli import check_overrides, one_line_errors, read_lines
-from ..data import load_corpus
+from ..cli.command import check_overrides, one_line_errors, read_lines
+from ..data import DataConfig, load_corpus
 from ..data.sources import file_sha256
-from ..evaluate import data_config
 from ..translators import CheckpointTranslator, SearchConfig
 from ..translators.ctranslate2 import VMAP_FILE
 from .folder import convert, put_in_place, staging
@@ -69,7 +68,7 @@ def parity_sentences(
 
 def main_corpus(translator: CheckpointTranslator):
     """(the checkpoint's DataConfig, its main corpus, that corpus's splits)."""
-    data = data_config(translator.data, {})
+    data = DataConfig.from_checkpoint(translator.data, {})
     corpus = data.all_corpora()[data.main_name]
     return data, corpus, load_corpus(corpus, data.src, data.tgt, data.cache_dir)[0]
 
@@ -148,6 +147,11 @@ def main(cfg: DictConfig) -> None:
     print(f"exported to {folder}")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`python -m transformer.export`, and the console script `transformer-export`."""
     check_overrides("export", sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

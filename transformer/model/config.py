@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..config_check import check_field_types
+from ..config.check import check_field_types
 from .attention import SDPA_BACKENDS
 
 ACTIVATIONS = ("relu", "gelu")
@@ -79,6 +79,12 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown model config field(s) {', '.join(sorted(unknown))}")
         return cls(**{**MODEL_SIZES[size], **overrides})
+
+    @classmethod
+    def from_choice(cls, model: dict, **vocabulary: int) -> "ModelConfig":
+        """The `model:` config group's choice: its `size` (small if none) with every non-null field over it."""
+        overrides = {k: v for k, v in model.items() if k != "size" and v is not None}  # null: the size's value
+        return cls.from_size(model.get("size", "small"), **overrides, **vocabulary)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import hydra
 import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
-from ..cli import check_overrides, one_line_errors
+from ..cli.command import check_overrides, one_line_errors
 from ..translators import open_translator
 from .app import ServedModel, create_app
 from .config import ServeConfig
@@ -46,6 +46,11 @@ def main(cfg: DictConfig) -> None:
                 timeout_graceful_shutdown=serve.shutdown_timeout_s)  # fmt: skip
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`python -m transformer.serve`, and the console script `transformer-serve`."""
     check_overrides("serve", sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -27,7 +27,7 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 
 from ..data import TranslationDataModule
-from ..distributed import every_rank
+from ..machine.distributed import every_rank
 
 
 class SaveMoment(Enum):

@@ -8,9 +8,9 @@ from torch import Tensor
 
 from ..data import SentencePiece
 from ..decoding import greedy_search
-from ..distributed import every_rank
+from ..evaluation.significance import metrics
+from ..machine.distributed import every_rank
 from ..model import EncoderDecoder
-from ..significance import metrics
 from .config import ValidationConfig
 
 

@@ -4,7 +4,7 @@ buffers, and the strategies that shard the weights refused."""
 import torch
 from pytorch_lightning.strategies import DDPStrategy, Strategy, StrategyRegistry
 
-from ..precision import device_type
+from ..machine.precision import device_type
 
 SHARDED = ("fsdp", "deepspeed")
 

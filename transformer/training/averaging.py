@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from .training.resume import load_checkpoint
+from .resume import load_checkpoint
 
-AVERAGE_NAME = "average.pt"  # what scripts/average_checkpoints.py writes into a checkpoints/ folder by default
+AVERAGE_NAME = "average.pt"  # what `python -m transformer.average` writes into a checkpoints/ folder by default
 KEEP = ("hyper_parameters", "tokenizers", "data", "precision", "epoch", "global_step", "pytorch-lightning_version")
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .data.sources import stream_lines
-from .translators import SearchConfig, Translator
+from ..data.sources import stream_lines
+from . import SearchConfig, Translator
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -8,11 +8,11 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from .data.batching import Collate
-from .decoding import beam_search, greedy_search
-from .model import EncoderDecoder
-from .model.kernels import SdpaCall, cuda_kernel, record_sdpa
-from .model.loss import batch_loss_sum
+from ..data.batching import Collate
+from ..decoding import beam_search, greedy_search
+from ..model import EncoderDecoder
+from ..model.kernels import SdpaCall, cuda_kernel, record_sdpa
+from ..model.loss import batch_loss_sum
 
 PHASES = ("training step", "validation", "greedy search", "beam search")
 PAD, BOS, EOS = 0, 1, 2
@@ -84,16 +84,15 @@ def predicted_kernels(overrides: list[str], phases: tuple[str, ...] = PHASES) ->
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from .cli import CONFIGS
-    from .model import RuntimeConfig, build_model
-    from .model.kernels import check_backend
-    from .schema import register_configs
-    from .train import sized_model
+    from ..cli.command import CONFIGS
+    from ..config.schema import register_configs
+    from ..model import ModelConfig, RuntimeConfig, build_model
+    from ..model.kernels import check_backend
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = OmegaConf.to_container(compose("train", overrides=overrides), resolve=False)
-    model_cfg = sized_model(cfg["model"], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, pad_id=PAD)
+    model_cfg = ModelConfig.from_choice(cfg["model"], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, pad_id=PAD)
     runtime = RuntimeConfig(**cfg["runtime"])
     precision = str(cfg["trainer"].get("precision"))
     bf16 = precision == "auto" or "16" in precision  # auto: bf16 on such a GPU; fp16 is judged as bf16 is

@@ -11,14 +11,14 @@ import yaml
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import OmegaConf
 
-from .config_check import check_value
+from ..config.check import check_value
+from ..config.schema import register_configs
+from ..data.sources import DataError
+from ..data.sources import read_lines as read_corpus_lines
+from ..training.errors import TrainingError
 from .console import quiet_console
-from .data.sources import DataError
-from .data.sources import read_lines as read_corpus_lines
-from .schema import register_configs
-from .training.errors import TrainingError
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def one_line_errors(main):

@@ -13,13 +13,13 @@ import pytorch_lightning as pl
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .config_check import accepted
-from .data import DataConfig
-from .model import ModelConfig, RuntimeConfig
-from .serve.config import ServeConfig
-from .training import OptimConfig, ValidationConfig
-from .training.resume import run_dir_for
-from .translators import SearchConfig
+from ..data import DataConfig
+from ..model import ModelConfig, RuntimeConfig
+from ..serve.config import ServeConfig
+from ..training import OptimConfig, ValidationConfig
+from ..training.resume import run_dir_for
+from ..translators import SearchConfig
+from .check import accepted
 
 FROM_TOKENIZER = ("src_vocab_size", "tgt_vocab_size", "pad_id")
 
