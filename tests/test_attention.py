@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.model.attention import SDPA_BACKENDS, KVCache, MultiHeadAttention
+from transformer.model.attention import KVCache, MultiHeadAttention
+from transformer.model.kernels.backends import SDPA_BACKENDS
 from transformer.model.masks import attention_mask, causal, future_table
 
 D, H = 16, 4
@@ -370,7 +371,7 @@ def test_bad_construction():
 
 
 def test_auto_goes_explicit_only_for_short_reduced_precision_cpu_training():
-    from transformer.model.attention import CPU_EXPLICIT_MAX_KEYS, explicit_is_faster
+    from transformer.model.kernels.explicit import CPU_EXPLICIT_MAX_KEYS, explicit_is_faster
 
     assert explicit_is_faster("cpu", torch.bfloat16, True, CPU_EXPLICIT_MAX_KEYS)
     assert not explicit_is_faster("cpu", torch.bfloat16, True, CPU_EXPLICIT_MAX_KEYS + 1)  # long: flash wins
@@ -398,11 +399,11 @@ def test_bf16_autocast_training_step_matches_float32():
 
 def test_padding_free_attention_equals_the_padded_path(monkeypatch):
     """Self-attention (padded queries dropped too) and cross-attention (all queries), outputs and gradients."""
-    import transformer.model.attention as attention
+    from transformer.model.kernels import padding_free
 
     calls = []
-    real = attention.padding_free_attention
-    monkeypatch.setattr(attention, "padding_free_attention", lambda *a: calls.append(1) or real(*a))
+    real = padding_free.attention
+    monkeypatch.setattr(padding_free, "attention", lambda *a: calls.append(1) or real(*a))
     torch.manual_seed(0)
     padded = MultiHeadAttention(D, H).eval()
     free = MultiHeadAttention(D, H, padding_free=True).eval()
@@ -424,9 +425,9 @@ def test_padding_free_attention_equals_the_padded_path(monkeypatch):
 
 def test_padding_free_attention_falls_back_where_it_cannot_apply(monkeypatch):
     """A row with no real key, a causal mask or requested weights take the padded path, with its results."""
-    import transformer.model.attention as attention
+    from transformer.model.kernels import padding_free
 
-    monkeypatch.setattr(attention, "padding_free_attention", lambda *a: pytest.fail("padding-free path taken"))
+    monkeypatch.setattr(padding_free, "attention", lambda *a: pytest.fail("padding-free path taken"))
     torch.manual_seed(0)
     padded = MultiHeadAttention(D, H).eval()
     free = MultiHeadAttention(D, H, padding_free=True).eval()

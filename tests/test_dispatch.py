@@ -20,9 +20,10 @@ from transformer.benchmarks.dispatch import (
     kernel_calls,
 )
 from transformer.benchmarks.kernel_calls import synthetic_batch
-from transformer.model import ModelConfig, RuntimeConfig, attention, build_model
+from transformer.model import ModelConfig, RuntimeConfig, build_model
 from transformer.model import cross_entropy as fused
 from transformer.model.compiling import compile_dynamic
+from transformer.model.kernels import backends, explicit
 from transformer.model.loss import batch_loss_sum, target_logits
 from transformer.model.masks import ALIGNMENT
 
@@ -94,7 +95,7 @@ def test_every_masked_attention_call_gets_a_float_mask_in_its_dtype_with_aligned
         return real(q, k, v, attn_mask=attn_mask, **kwargs)
 
     with mock.patch.object(F, "scaled_dot_product_attention", seen), \
-            mock.patch.object(attention, "explicit_is_faster", lambda *a: False), \
+            mock.patch.object(explicit, "explicit_is_faster", lambda *a: False), \
             torch.autocast("cpu", dtype=torch.bfloat16):  # fmt: skip
         batch_loss_sum(model, batch, 0.1)
     assert len(masks) == 12  # encoder self-attention and cross-attention, 6 layers each
@@ -110,7 +111,7 @@ def test_the_kernel_order_is_set_once_around_the_encoder_and_once_around_the_dec
     backward is inside it too, so that it runs the forward's kernels."""
     model = base_depth_model(attention_backend="math", activation_checkpointing=checkpointed).train()
     entered = []
-    real = attention.sdpa_kernel
+    real = backends.sdpa_kernel
 
     @contextlib.contextmanager
     def counted(*args, **kwargs):
@@ -118,7 +119,7 @@ def test_the_kernel_order_is_set_once_around_the_encoder_and_once_around_the_dec
         with real(*args, **kwargs):
             yield
 
-    with mock.patch.object(attention, "sdpa_kernel", counted):
+    with mock.patch.object(backends, "sdpa_kernel", counted):
         loss, _ = batch_loss_sum(model, multi30k_like_batch(), 0.1)
         assert len(entered) == 2
         loss.backward()

@@ -17,7 +17,7 @@ STAGES = ("## Environment", "## The base model's training step, eager and compil
 
 @pytest.mark.slow  # every stage as a subprocess of the real commands: about 3 minutes
 def test_gpu_check_runs_every_stage_in_its_smoke_mode(tmp_path, multi30k_cache):
-    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--smoke", "--out", str(tmp_path / "out"),
+    done = subprocess.run([sys.executable, "tools/gpu_check.py", "--smoke", "--out", str(tmp_path / "out"),
                            "--data", str(MULTI30K), "--cache", str(multi30k_cache)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
     report = (tmp_path / "out" / "gpu_check.md").read_text()

@@ -10,7 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from .helpers import callback, run_train, tiny_data, write_text_corpus
-from .helpers.host_syncs import CountHostSyncs
+from .helpers.host_syncs import CountHostSyncs, HostSyncs
 from .helpers.ranks import run_ranks
 
 STEPS = 3
@@ -88,3 +88,21 @@ def test_a_signal_to_one_ddp_rank_stops_both_after_the_same_step(tmp_path):
     run_ranks(_ddp_rank_signalled, tmp_path / "c", tmp_path, codes=(128 + signal.SIGTERM,))
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 5 and len(checkpoint["rng"]) == 2
+
+
+def test_the_recorder_counts_every_kind_of_wait_and_nothing_else():
+    """Each line below would make a GPU's host wait (a value read, an output sized by values, a boolean index, a
+    copy from the host): the recorder must see each; the device-side work between them, none."""
+    x, mask = torch.arange(6.0), torch.tensor([True, False] * 3)
+    waits = [lambda: x.sum().item(), lambda: x.nonzero(), lambda: torch.masked_select(x, mask), lambda: x[mask],
+             lambda: x.__setitem__(mask, 0.0), lambda: torch.tensor([1, 2], device="cpu"), lambda: bool(x.any())]  # fmt: skip
+    free = [lambda: x * 2, lambda: x[1:3], lambda: x.masked_fill(mask, 0.0), lambda: torch.where(mask, x, 0.0),
+            lambda: x[torch.tensor([0, 2])]]  # fmt: skip
+    for wait in waits:
+        with HostSyncs() as recorder:
+            wait()
+        assert len(recorder.syncs) == 1, recorder.syncs
+    with HostSyncs() as recorder:
+        for step in free:
+            step()
+    assert recorder.syncs == []

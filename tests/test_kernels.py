@@ -8,8 +8,8 @@ import torch
 
 from transformer.benchmarks.kernel_calls import PHASES, attention_calls, kernel_table, run_phase, synthetic_batch
 from transformer.model import ModelConfig, RuntimeConfig, build_model
-from transformer.model.attention import SDPA_BACKENDS, sdpa_backend
-from transformer.model.kernels import DENSE_ORDER, SdpaCall, check_backend, cuda_kernel
+from transformer.model.kernels.backends import SDPA_BACKENDS, sdpa_backend
+from transformer.model.kernels.rules import DENSE_ORDER, JAGGED_ORDER, RULES, SdpaCall, check_backend, cuda_kernel
 
 BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 V = 40
@@ -67,28 +67,50 @@ def test_flash_with_padding_free_attention_keeps_every_call_maskless_decoding_st
     assert check_backend(cfg, model_runtime(model), "cuda", reduced_precision=True) is None
 
 
-def test_the_rules_follow_pytorchs_order_and_constraints():
-    dense = dict(site="decoder.layers.0.self_attn", nested=False, batch=8, heads=8, q_len=20, k_len=20, min_len=20,
-                 head_dim=64, dtype=torch.bfloat16, mask=None, is_causal=True, dropout=0.0,
-                 enabled=frozenset(("flash", "efficient", "cudnn", "math")), deterministic=False)  # fmt: skip
-    assert cuda_kernel(SdpaCall(**dense))[0] == "flash"  # auto's order: flash, efficient, cuDNN, math
-    cudnn = dense | dict(enabled=frozenset(("cudnn", "math")))
-    assert cuda_kernel(SdpaCall(**cudnn))[0] == "cudnn"
-    assert cuda_kernel(SdpaCall(**cudnn | dict(dropout=0.1)))[0] == "math"  # cuDNN: dropout in 1/16 steps
-    assert cuda_kernel(SdpaCall(**cudnn | dict(dropout=0.125)))[0] == "cudnn"
-    assert cuda_kernel(SdpaCall(**cudnn | dict(deterministic=True)))[0] == "math"
-    assert cuda_kernel(SdpaCall(**cudnn | dict(q_len=1, is_causal=False, k_len=1)))[0] == "math"  # one key
-    assert cuda_kernel(SdpaCall(**dense | dict(mask="bool 4-D", is_causal=False, dropout=0.1)))[0] == "efficient"
-    assert cuda_kernel(SdpaCall(**dense | dict(dtype=torch.float32)))[0] == "efficient"  # flash: fp16/bf16 only
-    assert cuda_kernel(SdpaCall(**dense | dict(head_dim=320)))[0] == "efficient"  # above 256
-    assert cuda_kernel(SdpaCall(**dense | dict(nested=True, is_causal=False)))[0] == "flash"  # jagged: flash first
-    jagged_fp32 = dense | dict(nested=True, is_causal=False, dtype=torch.float32)
-    assert cuda_kernel(SdpaCall(**jagged_fp32))[0] == "efficient"  # 2.13 takes jagged inputs with grad there
-    assert cuda_kernel(SdpaCall(**jagged_fp32 | dict(head_dim=36)))[0] == "efficient"  # fp32: 4-aligned will do
-    assert cuda_kernel(SdpaCall(**jagged_fp32 | dict(head_dim=34)))[0] == "math"
-    assert cuda_kernel(SdpaCall(**dense | dict(nested=True, mask="bool 4-D")))[0] is None  # jagged takes no mask
+DENSE = dict(site="decoder.layers.0.self_attn", nested=False, batch=8, heads=8, q_len=20, k_len=20, min_len=20,
+             head_dim=64, dtype=torch.bfloat16, mask=None, is_causal=False, dropout=0.0,
+             enabled=frozenset(("flash", "efficient", "cudnn", "math")), deterministic=False)  # fmt: skip
+KERNEL_NAMES = {int(kernel): name for name, kernel in SDPA_BACKENDS.items() if kernel is not None}
+
+
+def test_jagged_inputs_are_judged_in_the_order_pytorch_reports():
+    """Nested inputs take PyTorch's default priority order, whatever a context sets for dense ones: read from
+    PyTorch, not from our table."""
+    reported = tuple(KERNEL_NAMES[i] for i in torch._C._get_sdp_priority_order() if i in KERNEL_NAMES)
+    assert JAGGED_ORDER == reported
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["dense", "jagged"])
+def test_a_call_gets_the_first_kernel_of_its_order_that_is_enabled_and_takes_it(nested):
+    order = JAGGED_ORDER if nested else DENSE_ORDER
+    call = dict(DENSE, nested=nested)
+    takers = order[:3] if nested else order  # cuDNN never takes jagged inputs (its rule); the others take this call
+    assert [kernel for kernel in order if not RULES[kernel](SdpaCall(**call))] == list(takers)
+    for skipped in range(len(order)):
+        chosen, passed_over = cuda_kernel(SdpaCall(**call | dict(enabled=frozenset(order[skipped:]))))
+        assert chosen == (order[skipped] if skipped < len(takers) else None)
+        assert list(passed_over)[: min(skipped, len(takers))] == list(order[: min(skipped, len(takers))])
+    refused_by_first = call | dict(dtype=torch.float32, head_dim=64)  # flash (first of both) takes no fp32
+    assert cuda_kernel(SdpaCall(**refused_by_first))[0] == order[1] == "efficient"
+
+
+def test_each_rule_refuses_what_pytorch_2_13s_checks_refuse():
+    """Spot checks of the constraints transcribed from sdp_utils.cpp, each through the rule that holds it."""
+    refuses = {
+        kernel: lambda kernel=kernel, **change: bool(RULES[kernel](SdpaCall(**DENSE | change))) for kernel in RULES
+    }
+    assert refuses["flash"](mask="bool 4-D") and refuses["flash"](head_dim=320) and not refuses["flash"](head_dim=256)
+    assert refuses["flash"](is_causal=True, q_len=1) and not refuses["flash"](is_causal=True)  # causal: square only
+    assert refuses["cudnn"](dropout=0.1) and not refuses["cudnn"](dropout=0.125)  # dropout in 1/16 steps
+    assert refuses["cudnn"](deterministic=True) and refuses["cudnn"](q_len=1, k_len=1)  # one key
+    assert refuses["efficient"](dtype=torch.float32, head_dim=34) and not refuses["efficient"](
+        dtype=torch.float32, head_dim=36
+    )
+    assert refuses["efficient"](head_dim=36) and not refuses["efficient"](mask="bool 4-D", dropout=0.1)
+    assert not refuses["math"](mask="bool 4-D") and refuses["math"](nested=True, is_causal=True)
+    assert cuda_kernel(SdpaCall(**DENSE | dict(nested=True, mask="bool 4-D")))[0] is None  # jagged takes no mask
     only_flash = frozenset(("flash",))
-    assert cuda_kernel(SdpaCall(**dense | dict(enabled=only_flash, mask="bool 4-D", is_causal=False)))[0] is None
+    assert cuda_kernel(SdpaCall(**DENSE | dict(enabled=only_flash, mask="bool 4-D")))[0] is None
 
 
 def test_auto_tries_cudnn_after_flash_and_efficient_on_cuda():
@@ -100,8 +122,11 @@ def test_auto_tries_cudnn_after_flash_and_efficient_on_cuda():
         on_cuda = torch._C._get_sdp_priority_order()
     with sdpa_backend("auto", "cpu"):
         on_cpu = torch._C._get_sdp_priority_order()
-    names = {int(kernel): name for name, kernel in SDPA_BACKENDS.items() if kernel is not None}
-    assert tuple(names[i] for i in on_cuda if i in names) == DENSE_ORDER == ("flash", "efficient", "cudnn", "math")
+    assert (
+        tuple(KERNEL_NAMES[i] for i in on_cuda if i in KERNEL_NAMES)
+        == DENSE_ORDER
+        == ("flash", "efficient", "cudnn", "math")
+    )
     assert on_cpu == default == torch._C._get_sdp_priority_order()
     torch.backends.cuda.enable_cudnn_sdp(False)  # a user's choice, which auto keeps
     try:

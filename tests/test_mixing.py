@@ -175,6 +175,7 @@ def test_a_mixed_run_logs_every_dev_set_and_translates_a_tagged_one_with_its_tag
     result = evaluate(translator, DataConfig.from_dict(translator.data), "small/dev", SHORT, "32")
     assert result["sentences"] == 12 and sources and all((src[:, 0] == tag).all() for src in sources)
     (tmp_path / "in.de").write_text("ein hund\nzwei katzen laufen\n")
+    capsys.readouterr()  # training's output (with `rich` installed, Lightning prints its model summary there)
     for given, tagged in (("tag=__small__", True), ("tag=null", False)):
         sources.clear()
         translate_command(f"ckpt_path={checkpoint}", f"input={tmp_path / 'in.de'}", *SHORT_COMMAND, given)

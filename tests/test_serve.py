@@ -29,7 +29,7 @@ def served(trained):
 
 def client(served, **changes) -> TestClient:
     models, _ = served
-    return TestClient(create_app(models, ServeConfig(models=[m.name for m in models], **changes)))
+    return TestClient(create_app(models, ServeConfig(models=[m.path for m in models], **changes)))
 
 
 def reference(served, texts: list[str], search=BEAM) -> list[str]:
@@ -48,7 +48,8 @@ def test_libretranslate_translate_and_languages(served):
     assert one.json() == {"translatedText": reference(served, sources[:1])[0]}
     assert many.json() == {"translatedText": reference(served, sources)}
     assert form.json() == {"translatedText": reference(served, sources[:2])}
-    assert languages == [{"code": "de", "name": "German", "targets": ["en"]}]
+    assert languages == [{"code": "de", "name": "German", "targets": ["en"]},  # a target-only language too
+                         {"code": "en", "name": "English", "targets": []}]  # fmt: skip
 
 
 def test_alternatives_are_the_beams_next_best(served):
@@ -104,7 +105,7 @@ def test_v1_gives_nbest_with_scores_and_timing(served):
     (got,) = body["translations"]
     assert [h["text"] for h in got["nbest"]] == [text for _, text in want] and got["seconds"] >= 0
     assert [h["score"] for h in got["nbest"]] == pytest.approx([score for score, _ in want])
-    assert got["text"] == want[0][1] and body["source"] == "de" and body["target"] == "en"
+    assert got["text"] == want[0][1] and (body["model"], body["source"], body["target"]) == ("de-en", "de", "en")
     with client(served) as api:  # greedy search scores nothing: null, not NaN (which is not JSON)
         greedy = api.post("/v1/translate", json={"q": source, "source": "de", "target": "en", "beam_size": 1}).json()
     assert greedy["translations"][0]["nbest"] == [{"text": translator.translate([source], SearchConfig(beam_size=1))[0],
@@ -160,8 +161,8 @@ def test_health_metrics_and_the_page(served):
         api.post("/translate", json={"q": served[1][:3], "source": "de", "target": "en"})
         health, metrics, page = api.get("/health"), api.get("/metrics").text, api.get("/")
     assert health.status_code == 200 and health.json() == {"status": "ok", "models": ["de->en"]}
-    model = served[0][0].name
-    assert f'sentences_total{{model="{model}"}} 3.0' in metrics and "batch_sentences_bucket" in metrics
+    assert 'sentences_total{model="de-en"} 3.0' in metrics and "batch_sentences_bucket" in metrics  # its pair
+    assert served[0][0].path not in metrics  # never its path on the server's disk
     assert 'requests_total{endpoint="/translate",status="200"} 1.0' in metrics
     assert page.status_code == 200 and '<button id="translate">' in page.text
 
@@ -274,7 +275,7 @@ def test_sentences_split_at_ends_not_after_abbreviations_and_rejoin_exactly(text
 
 def test_a_models_tag_comes_from_its_corpus_unless_tags_says_otherwise(served, monkeypatch):
     translator = served[0][0].translator
-    path = served[0][0].name
+    path = served[0][0].path
     monkeypatch.setattr("transformer.serve.__main__.open_translator", lambda *args, **kwargs: translator)
     monkeypatch.setattr(translator, "data", {**translator.data, "tag": "__bt__"})
     with pytest.raises(DataError, match=r"^tag='__bt__' is not a reserved piece of this tokenizer"):

@@ -59,6 +59,7 @@ def test_the_page_translates_in_a_real_browser(server, tmp_path):
     try:
         browser.get(url)
         WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#pair option"))
+        assert browser.find_element(By.CSS_SELECTOR, "#pair option").text == "German → English"  # names, not codes
         browser.find_element(By.ID, "input").send_keys(sources[0])
         browser.find_element(By.ID, "translate").click()
         WebDriverWait(browser, 60).until(lambda b: b.find_element(By.ID, "output").text)

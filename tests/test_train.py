@@ -16,7 +16,7 @@ from transformer.cli.command import check_overrides
 from transformer.data import TranslationDataModule
 from transformer.machine.allocator import HINT, jemalloc_library
 from transformer.model import RuntimeConfig
-from transformer.model.kernels import cuda_kernel, record_sdpa
+from transformer.model.kernels.rules import cuda_kernel, record_sdpa
 from transformer.train import model_config, train
 from transformer.training import OptimConfig, TranslationModule, ValidationConfig
 from transformer.training.module import lr_factor

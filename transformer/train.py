@@ -25,7 +25,7 @@ from .machine.allocator import allocator_hint, restart_with_jemalloc
 from .machine.precision import device_type, resolve_precision
 from .model import ModelConfig, RuntimeConfig
 from .model.compiling import compile_dynamic
-from .model.kernels import check_backend
+from .model.kernels.rules import check_backend
 from .training import OptimConfig, TranslationModule, ValidationConfig
 from .training.checkpoint import AtomicCheckpointIO, RunFolderLock, check_monitors, disk_full_in_run
 from .training.errors import TrainingError

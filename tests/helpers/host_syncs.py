@@ -1,5 +1,6 @@
 """What would make a GPU's host wait, recorded on a CPU, where nothing waits: reads of tensor values into Python,
-tensors made on a device from Python values, and the collectives called from Python. Counted by name, wherever
+tensors made on a device from Python values, outputs sized by values (nonzero, masked_select, boolean indexing),
+and the collectives called from Python. Counted by name, wherever
 they run, over whole optimizer steps of a real training run."""
 
 import json
@@ -16,6 +17,10 @@ from torch.overrides import TorchFunctionMode
 READS = {Tensor.item, Tensor.tolist, Tensor.__bool__, Tensor.__int__, Tensor.__float__, Tensor.__index__,
          Tensor.__format__, Tensor.cpu, Tensor.numpy}  # fmt: skip
 FROM_HOST = {torch.tensor, torch.as_tensor}  # given a device: a copy from the host's memory, which it waits for
+# an output whose size depends on the values: the host reads how many there are before it can allocate
+DATA_SIZED = {torch.nonzero, Tensor.nonzero, torch.masked_select, Tensor.masked_select, torch.unique, Tensor.unique,
+              torch.argwhere, Tensor.argwhere}  # fmt: skip
+INDEXING = {Tensor.__getitem__, Tensor.__setitem__}  # with a boolean mask: the nonzero above, inside
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast",
                "broadcast_object_list", "_broadcast_coalesced", "barrier", "reduce", "reduce_scatter",
                "reduce_scatter_tensor", "gather", "scatter")  # fmt: skip
@@ -37,9 +42,16 @@ class HostSyncs(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in READS or (func in FROM_HOST and kwargs.get("device") is not None):
+        if (func in READS or func in DATA_SIZED or (func in FROM_HOST and kwargs.get("device") is not None)
+                or (func in INDEXING and boolean_index(args[1]))):  # fmt: skip
             self.syncs.append(f"{func.__name__} in {_caller()}")
         return func(*args, **kwargs)
+
+
+def boolean_index(index) -> bool:
+    """A boolean tensor among an index's parts: x[mask], x[:, mask]."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(part, Tensor) and part.dtype == torch.bool for part in parts)
 
 
 class CountHostSyncs(Checkpoint):

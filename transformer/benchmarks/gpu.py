@@ -1,4 +1,4 @@
-"""What scripts/gpu_check.py measures inside real training runs (Lightning, the recipe's config, logging on), as
+"""What tools/gpu_check.py measures inside real training runs (Lightning, the recipe's config, logging on), as
 callbacks it adds with Hydra overrides; each writes its findings as JSON into `out`. They run on a CPU too, where
 there is no GPU kernel or sync to see, so that the script can be checked before a GPU is lent."""
 

@@ -1,5 +1,5 @@
 """Every attention call a model makes in a training step, a validation pass, greedy and beam search, recorded with
-the kernel each would get on an sm90 GPU (transformer/model/kernels.py): what `scripts/predict_kernels.py` prints
+the kernel each would get on an sm90 GPU (transformer/model/kernels/rules.py): what `tools/predict_kernels.py` prints
 and tests/test_kernels.py asserts."""
 
 from collections import Counter
@@ -11,7 +11,7 @@ import torch
 from ..data.batching import Collate
 from ..decoding import beam_search, greedy_search
 from ..model import EncoderDecoder
-from ..model.kernels import SdpaCall, cuda_kernel, record_sdpa
+from ..model.kernels.rules import SdpaCall, cuda_kernel, record_sdpa
 from ..model.loss import batch_loss_sum
 
 PHASES = ("training step", "validation", "greedy search", "beam search")
@@ -87,7 +87,7 @@ def predicted_kernels(overrides: list[str], phases: tuple[str, ...] = PHASES) ->
     from ..cli.command import CONFIGS
     from ..config.schema import register_configs
     from ..model import ModelConfig, RuntimeConfig, build_model
-    from ..model.kernels import check_backend
+    from ..model.kernels.rules import check_backend
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):

@@ -5,123 +5,18 @@ dicts load either way and masks mean the same thing: key_padding_mask True = pad
 attn_mask True = may NOT attend, a float mask is added to the scores.
 """
 
-import math
-from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .casting import cast_once
+from .kernels import attend
+from .kernels.backends import SDPA_BACKENDS, sdpa_backend
 from .kv_cache import KVCache
 from .layout import SequenceLayout
 from .masks import AttentionMask, attention_mask, check_mask, key_padding
-
-SDPA_BACKENDS = {
-    "auto": None,
-    "flash": SDPBackend.FLASH_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "cudnn": SDPBackend.CUDNN_ATTENTION,
-    "math": SDPBackend.MATH,
-}
-
-
-# Up to this many keys, CPU training in bf16/fp16 computes attention explicitly (matmul, softmax,
-# matmul): there it runs 2-6x faster than SDPA's CPU kernels, whose bf16 backward is slow
-# (fp32 and longer keys favour SDPA's flash kernel; docs/benchmarks.md).
-CPU_EXPLICIT_MAX_KEYS = 256
-
-
-def explicit_is_faster(device_type: str, dtype: torch.dtype, needs_grad: bool, k_len: int) -> bool:
-    """Whether `backend="auto"` skips SDPA for the explicit path: only in that measured case."""
-    reduced = dtype in (torch.bfloat16, torch.float16)
-    return device_type == "cpu" and reduced and needs_grad and k_len <= CPU_EXPLICIT_MAX_KEYS
-
-
-# On sm90 and sm100 PyTorch tries cuDNN first, and cuDNN's host cost per call (a plan per new shape, it seems) made
-# an H200's training steps 2.6x slower than the efficient kernel's over batches by length (docs/gpu_runs.md): auto
-# tries it after flash and efficient. (Nested jagged inputs keep PyTorch's fixed order.)
-AUTO_ORDER_CUDA = (  # each kernel with the switch that says whether it is enabled
-    (SDPBackend.FLASH_ATTENTION, torch.backends.cuda.flash_sdp_enabled),
-    (SDPBackend.EFFICIENT_ATTENTION, torch.backends.cuda.mem_efficient_sdp_enabled),
-    (SDPBackend.CUDNN_ATTENTION, torch.backends.cuda.cudnn_sdp_enabled),
-    (SDPBackend.MATH, torch.backends.cuda.math_sdp_enabled),
-)
-
-
-def sdpa_backend(backend: str, device_type: str):
-    """The context that restricts scaled_dot_product_attention to `backend`'s kernel; "auto": PyTorch's choice, on
-    CUDA among the kernels enabled (torch.backends.cuda.enable_*_sdp) in AUTO_ORDER_CUDA's order."""
-    kernel = SDPA_BACKENDS[backend]
-    if kernel is not None:
-        return sdpa_kernel(kernel)
-    return nullcontext() if device_type != "cuda" else sdpa_kernel(_auto_order(), set_priority=True)
-
-
-@torch.compiler.assume_constant_result  # global settings: a compiled graph reads them once
-def _auto_order() -> list[SDPBackend]:
-    return [kernel for kernel, enabled in AUTO_ORDER_CUDA if enabled()]
-
-
-def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float):
-    """softmax(QK^T / sqrt(hs) + mask) V, with the probabilities (before dropout) kept for inspection; mask as
-    AttentionMask.explicit. bf16 stays bf16: softmax kernels accumulate in float32 internally."""
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, nh, L, S)
-    if mask is not None:
-        scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    probs = scores.softmax(dim=-1)
-    return F.dropout(probs, dropout_p) @ v, probs
-
-
-def _pack(x: Tensor, layout: SequenceLayout | None) -> Tensor:
-    """(B, nh, T, hs) -> nested jagged (B, nh, j, hs): each row's real tokens as `layout` packs them, or all T."""
-    B, H, T, hs = x.shape
-    values = x.transpose(1, 2).reshape(B * T, H, hs)  # (B*T, nh, hs)
-    if layout is None:
-        offsets = torch.arange(0, B * T + 1, T, device=x.device)
-        packed = torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=T, max_seqlen=T)
-    else:  # packable layouts have no empty row, so at least one token each
-        values = values.index_select(0, layout.index)  # (total, nh, hs)
-        packed = torch.nested.nested_tensor_from_jagged(values, layout.offsets, min_seqlen=1, max_seqlen=layout.longest)
-    return packed.transpose(1, 2)  # (B, nh, j, hs)
-
-
-def padding_free_attention(q: Tensor, k: Tensor, v: Tensor, keys: SequenceLayout, queries: SequenceLayout | None,
-                           dropout_p: float) -> Tensor:  # fmt: skip
-    """SDPA over each sequence's real tokens only, as nested jagged tensors: no mask at all, so that the fused kernels
-    stay eligible (on a GPU, flash attention over variable lengths). q, k, v are (B, nh, T, hs); keys (and queries,
-    in self-attention) say where the real tokens are. Returns (B, nh, L, hs), zero at padded queries (which nothing
-    downstream reads)."""
-    y = F.scaled_dot_product_attention(_pack(q, queries), _pack(k, keys), _pack(v, keys), dropout_p=dropout_p)
-    y = y.transpose(1, 2).values()  # (total queries, nh, hs)
-    B, H, L, hs = q.shape
-    if queries is not None:
-        y = y.new_zeros(B * L, H, hs).index_copy(0, queries.index, y)  # (B*L, nh, hs)
-    return y.view(B, L, H, hs).transpose(1, 2)  # (B, nh, L, hs)
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, dropout_p: float, backend: str,
-           need_weights: bool) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-    """The kernel for these inputs: padding-free where the mask packs, explicit where weights are wanted or it is
-    faster (explicit_is_faster), else SDPA, among the kernels the caller's sdpa_backend context allows.
-    q, k, v (B, nh, T, hs) -> (output (B, nh, L, hs), weights or None)."""
-    if mask.keys is not None and not need_weights:
-        return padding_free_attention(q, k, v, mask.keys, mask.queries, dropout_p), None
-    weights = None
-    if need_weights or (backend == "auto" and explicit_is_faster(q.device.type, q.dtype, q.requires_grad, k.size(2))):
-        y, weights = explicit_attention(q, k, v, mask.explicit, dropout_p)
-        weights = weights if need_weights else None
-    else:
-        if backend == "flash" and mask.sdpa is not None and q.is_cuda:  # SDPA would only say "No available kernel"
-            raise ValueError("a GPU's flash attention takes no mask: pack the real tokens instead (padding_free=True, "
-                             "runtime.padding_free_attention=true) or choose another backend")  # fmt: skip
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.sdpa, dropout_p=dropout_p, is_causal=mask.is_causal)
-    if mask.dead is not None:
-        y = y.masked_fill(mask.dead, 0.0)
-        weights = None if weights is None else weights.masked_fill(mask.dead, 0.0)
-    return y, weights
 
 
 def _parts(w: Tensor, b: Tensor | None, sizes: list[int]) -> tuple[tuple[Tensor, ...], tuple[Tensor | None, ...]]:
@@ -280,15 +175,8 @@ class MultiHeadAttention(nn.Module):
         """nn.MultiheadAttention-style masks as an AttentionMask, per call: host facts come from syncs here (the model
         passes one built per batch instead)."""
         B, _, L, _ = q.shape
-        if (
-            self.padding_free
-            and key_padding_mask is not None
-            and key_padding_mask.dtype == torch.bool
-            and attn_mask is None
-            and not is_causal
-            and self.window is None
-            and not unpackable
-        ):
+        only_padding = key_padding_mask is not None and key_padding_mask.dtype == torch.bool and attn_mask is None
+        if self.padding_free and only_padding and not (is_causal or self.window is not None or unpackable):
             check_mask(key_padding_mask, "key_padding_mask", [(B, k.size(2))])
             layout = SequenceLayout.from_padding(key_padding_mask, packed=True)
             return key_padding(layout, self_attention)  # packs unless a row has no real key

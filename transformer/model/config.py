@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..config.check import check_field_types
-from .attention import SDPA_BACKENDS
+from .kernels.backends import SDPA_BACKENDS
 
 ACTIVATIONS = ("relu", "gelu")
 POSITIONS = ("sinusoidal", "learned")

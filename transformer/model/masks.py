@@ -57,54 +57,71 @@ def attention_mask(
     device: torch.device | None = None,
     every_query_has_a_key: bool = False,
 ) -> AttentionMask:
-    """nn.MultiheadAttention-style masks (plus causal and window masks) as an AttentionMask.
+    """nn.MultiheadAttention-style masks (plus causal and window masks) as an AttentionMask: boolean_mask where every
+    part is boolean, additive_mask where some part is a float mask (cast to `dtype`), empty where there is nothing.
 
     Causal and window masks align the last query with the last key, which is what a key/value cache needs (query i
-    sits at position k_len - q_len + i). Float masks are cast to `dtype`. With `every_query_has_a_key` (the caller
-    knows it on the host) no dead rows are looked for.
+    sits at position k_len - q_len + i). With `every_query_has_a_key` (the caller knows it on the host) no dead rows
+    are looked for.
     """
     if key_padding_mask is not None:
         check_mask(key_padding_mask, "key_padding_mask", [(batch, k_len)])
     if attn_mask is not None:
         check_mask(attn_mask, "attn_mask", [(q_len, k_len), (batch * heads, q_len, k_len)])
-
     positional = window is not None or (is_causal and q_len > 1)
-    # causal and window masks alone leave each query its own position (causal: when no query precedes the keys)
-    alone = key_padding_mask is None and attn_mask is None and (not is_causal or q_len <= k_len)
-    every_query_has_a_key = every_query_has_a_key or alone
     if key_padding_mask is None and attn_mask is None and not positional:
         return AttentionMask()  # a single cached query sees every earlier key
-    causal_alone = is_causal and window is None and q_len == k_len and key_padding_mask is None and attn_mask is None
-
     allowed, additive = [], []  # bool masks as True = may attend; float masks to add to the scores
     if positional:
-        q_pos = torch.arange(k_len - q_len, k_len, device=device)
-        behind = q_pos[:, None] - torch.arange(k_len, device=device)[None, :]  # (L, S): how far back each key is
-        near = torch.ones_like(behind, dtype=torch.bool) if window is None else behind.abs() <= window
-        allowed.append((near & (behind >= 0) if is_causal else near)[None, None])  # (1, 1, L, S)
+        allowed.append(positions_allowed(q_len, k_len, is_causal, window, device))
     padding = None if key_padding_mask is None else key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
     if attn_mask is not None:
         attn_mask = attn_mask.view(batch, heads, q_len, k_len) if attn_mask.dim() == 3 else attn_mask[None, None]
     for m in (padding, attn_mask):
-        if m is None:
-            continue
-        if m.dtype == torch.bool:
+        if m is not None and m.dtype == torch.bool:
             allowed.append(~m)
-        else:
+        elif m is not None:
             additive.append(m.to(dtype))
-
     keep = reduce(operator.and_, allowed) if allowed else None
-    if not additive:
-        if every_query_has_a_key:
-            return AttentionMask(None if causal_alone else keep, causal_alone, ~keep)
-        dead = ~keep.any(dim=-1, keepdim=True)
-        return AttentionMask(keep | dead, False, ~(keep | dead), dead)
-    mask = reduce(operator.add, additive)
+    if additive:
+        return additive_mask(reduce(operator.add, additive), keep)
+    alone = key_padding_mask is None and attn_mask is None  # causal and window masks alone: ...
+    # ... each query keeps its own position (causal: when no query precedes the keys)
+    if every_query_has_a_key or (alone and (not is_causal or q_len <= k_len)):
+        return boolean_mask(keep, causal=alone and is_causal and window is None and q_len == k_len)
+    return boolean_mask_with_dead_rows(keep)
+
+
+def positions_allowed(q_len: int, k_len: int, is_causal: bool, window: int | None, device) -> Tensor:
+    """(1, 1, L, S) bool, True = may attend: the keys within `window` positions (and, causal, not ahead) of each
+    query, the last query at the last key."""
+    q_pos = torch.arange(k_len - q_len, k_len, device=device)
+    behind = q_pos[:, None] - torch.arange(k_len, device=device)[None, :]  # (L, S): how far back each key is
+    near = torch.ones_like(behind, dtype=torch.bool) if window is None else behind.abs() <= window
+    return (near & (behind >= 0) if is_causal else near)[None, None]  # (1, 1, L, S)
+
+
+def boolean_mask(keep: Tensor, causal: bool = False) -> AttentionMask:
+    """`keep` (True = may attend), every query with at least one key. `causal`: keep is exactly the causal mask
+    over as many queries as keys, which SDPA's own flag applies (keeping the fused kernels eligible)."""
+    return AttentionMask(None if causal else keep, causal, ~keep)
+
+
+def boolean_mask_with_dead_rows(keep: Tensor) -> AttentionMask:
+    """`keep` (True = may attend) where some query may have no key: those rows are opened in the masks (softmax
+    stays finite) and marked dead, for the kernel's output there to be zeroed."""
+    dead = ~keep.any(dim=-1, keepdim=True)
+    return AttentionMask(keep | dead, False, ~(keep | dead), dead)
+
+
+def additive_mask(scores: Tensor, keep: Tensor | None) -> AttentionMask:
+    """A float mask added to the scores, -inf where `keep` (if any) says no; rows left all -inf are dead, opened
+    (0) in the mask and zeroed after."""
     if keep is not None:
-        mask = mask.masked_fill(~keep, float("-inf"))
-    dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
-    mask = mask.masked_fill(dead, 0.0)
-    return AttentionMask(mask, False, mask, dead)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
+    scores = scores.masked_fill(dead, 0.0)
+    return AttentionMask(scores, False, scores, dead)
 
 
 # The efficient kernel reads a float mask whose rows start 16 elements apart; another is copied, padded, at each call

@@ -8,11 +8,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import KVCache, sdpa_backend
+from .attention import KVCache
 from .casting import cast_once, compute_dtype
 from .config import ModelConfig, RuntimeConfig
 from .cross_entropy import linear_cross_entropy
 from .embedding import Embeddings
+from .kernels.backends import sdpa_backend
 from .layers import DecoderLayer, EncoderLayer
 from .layout import SequenceLayout
 from .masks import AttentionMask, attention_mask, causal, future_table, key_padding

@@ -18,7 +18,7 @@ from ..data.sources import DataError
 from ..translators import SearchConfig, Translator
 from .batcher import Batcher, Decoding, QueueFull
 from .config import ServeConfig
-from .text import html_text_nodes, join_sentences, split_sentences, word_pieces
+from .planning import engine_units, plan_texts, rebuild_texts
 
 LANGUAGE_NAMES = {"cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "it": "Italian",
                   "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ru": "Russian", "uk": "Ukrainian", "zh": "Chinese",
@@ -37,12 +37,17 @@ class Refused(Exception):
 
 @dataclass
 class ServedModel:
-    name: str  # the path it was loaded from
+    path: str  # where it was loaded from: the server's own business, never in an answer or a metric
     translator: Translator
     source: str
     target: str
     tag: str | None
     batcher: Batcher | None = None
+
+    @property
+    def name(self) -> str:
+        """What answers and metric labels call it: its language pair (one model per pair)."""
+        return f"{self.source}-{self.target}"
 
 
 class Metrics:
@@ -76,10 +81,78 @@ class RateLimit:
         seen.append(now)
 
 
+class Server:
+    """What every route shares: the models by language pair, the settings, the metrics and the rate limit."""
+
+    def __init__(self, models: list[ServedModel], cfg: ServeConfig):
+        self.models, self.cfg = models, cfg
+        self.pairs = {(m.source, m.target): m for m in models}
+        self.metrics, self.limit = Metrics(), RateLimit(cfg.requests_per_minute)
+
+    async def fields(self, request: Request) -> dict:
+        """The request's fields, once its key (and the rate limit) let it in."""
+        fields = await request_fields(request)
+        key, keys = fields.get("api_key"), self.cfg.api_keys
+        if keys and not key:
+            raise Refused(401, "Missing api_key: this server needs one")
+        if keys and key not in keys:
+            raise Refused(403, "Invalid API key")
+        self.limit.check(key or (request.client.host if request.client else "?"))
+        return fields
+
+    def model_for(self, source, target) -> ServedModel:
+        if not isinstance(source, str) or not isinstance(target, str):
+            raise Refused(400, "Invalid request: source and target must be language codes, e.g. de and en")
+        if source == "auto":  # no language detection: the one source served into target, if there is one
+            sources = [s for s, t in self.pairs if t == target]
+            source = sources[0] if len(sources) == 1 else source
+        if (source, target) not in self.pairs:
+            served = ", ".join(f"{s}->{t}" for s, t in self.pairs)
+            raise Refused(400, f"{source}->{target} is not served; this server translates {served}")
+        return self.pairs[(source, target)]
+
+    async def translate(self, model: ServedModel, texts: list[str], html: bool, decoding: Decoding):
+        """Each text translated as a whole (planning.py: sentences split and rejoined, HTML's markup kept): per
+        text, its hypotheses, best first, as (score, text); and the seconds the engine took."""
+        cfg, metrics = self.cfg, self.metrics
+        if sum(len(text) for text in texts) > cfg.max_chars:
+            raise Refused(413, f"Request too large: more than max_chars={cfg.max_chars} characters")
+        plans, sentences = plan_texts(texts, html)
+        tokenizer = model.translator.src_tokenizer
+        counts = [len(ids) for ids in tokenizer.encode(sentences, decoding.tag)] if sentences else []  # once, here
+        units, spans = engine_units(sentences, counts, lambda text: len(tokenizer.encode([text], decoding.tag)[0]),
+                                    model.translator.max_source_tokens)  # fmt: skip
+        if len(units) > cfg.max_sentences:
+            raise Refused(
+                413, f"Request too large: {len(units)} sentences, more than max_sentences={cfg.max_sentences}"
+            )
+        metrics.queue.labels(model.name).set(model.batcher.waiting + len(units))
+        try:
+            found, seconds = await model.batcher.submit(units, decoding, sum(counts)) if units else ([], 0.0)
+        except QueueFull as full:
+            raise Refused(503, f"Server busy: {full}; retry shortly", retry_after=1) from None
+        finally:
+            metrics.queue.labels(model.name).set(model.batcher.waiting)
+        metrics.latency.labels(model.name).observe(seconds)
+        metrics.sentences.labels(model.name).inc(len(units))
+        return rebuild_texts(plans, spans, found, decoding.nbest), seconds
+
+    def languages(self) -> list[dict]:
+        """Every language a model reads or writes, with the languages it translates into (a target-only one: none),
+        as LibreTranslate lists them."""
+        codes = dict.fromkeys(code for pair in self.pairs for code in pair)
+        return [{"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": [t for s, t in self.pairs if s == code]}
+                for code in codes]  # fmt: skip
+
+    def ready(self) -> bool:
+        return all(
+            m.batcher is not None and m.batcher.task is not None and not m.batcher.task.done() for m in self.models
+        )
+
+
 def create_app(models: list[ServedModel], cfg: ServeConfig) -> FastAPI:
-    metrics, limit = Metrics(), RateLimit(cfg.requests_per_minute)
-    pairs = {(m.source, m.target): m for m in models}
-    served = ", ".join(f"{s}->{t}" for s, t in pairs)
+    server = Server(models, cfg)
+    metrics = server.metrics
 
     @asynccontextmanager
     async def lifespan(app):
@@ -98,133 +171,44 @@ def create_app(models: list[ServedModel], cfg: ServeConfig) -> FastAPI:
         metrics.requests.labels(request.url.path, str(error.status)).inc()
         return JSONResponse({"error": str(error)}, status_code=error.status, headers=headers)
 
-    def model_for(source, target) -> ServedModel:
-        if not isinstance(source, str) or not isinstance(target, str):
-            raise Refused(400, "Invalid request: source and target must be language codes, e.g. de and en")
-        if source == "auto":  # no language detection: the one source served into target, if there is one
-            sources = [s for s, t in pairs if t == target]
-            source = sources[0] if len(sources) == 1 else source
-        if (source, target) not in pairs:
-            raise Refused(400, f"{source}->{target} is not served; this server translates {served}")
-        return pairs[(source, target)]
-
-    def check_key(fields: dict, request: Request) -> None:
-        key = fields.get("api_key")
-        if cfg.api_keys and not key:
-            raise Refused(401, "Missing api_key: this server needs one")
-        if cfg.api_keys and key not in cfg.api_keys:
-            raise Refused(403, "Invalid API key")
-        limit.check(key or (request.client.host if request.client else "?"))
-
-    async def translate_texts(model: ServedModel, texts: list[str], html: bool, decoding: Decoding):
-        """Each text translated as a whole (sentences split and rejoined, HTML's markup kept): per text, the list of
-        its hypotheses, best first, as (score, text), and the seconds it took."""
-        if sum(len(text) for text in texts) > cfg.max_chars:
-            raise Refused(413, f"Request too large: more than max_chars={cfg.max_chars} characters")
-        plans, sentences = [], []  # per text: per node, its sentences' indices and separators; and how to rebuild
-        for text in texts:
-            nodes, rebuild = html_text_nodes(text) if html else ([text], None)
-            layout = []
-            for node in nodes:
-                node_sentences, separators = split_sentences(node)
-                layout.append((range(len(sentences), len(sentences) + len(node_sentences)), separators))
-                sentences += node_sentences
-            plans.append((layout, rebuild))
-        tokenizer, longest = model.translator.src_tokenizer, model.translator.max_source_tokens
-        counts = [len(ids) for ids in tokenizer.encode(sentences, decoding.tag)] if sentences else []  # once, here
-
-        def count_tokens(text: str) -> int:
-            return len(tokenizer.encode([text], decoding.tag)[0])
-
-        units, spans = [], []  # the engine's sentences; per sentence, (its first unit, its number of units)
-        for sentence, count in zip(sentences, counts):
-            pieces = [sentence] if count <= longest else word_pieces(sentence, count_tokens, longest)
-            spans.append((len(units), len(pieces)))
-            units += pieces
-        if len(units) > cfg.max_sentences:
-            raise Refused(
-                413, f"Request too large: {len(units)} sentences, more than max_sentences={cfg.max_sentences}"
-            )
-        metrics.queue.labels(model.name).set(model.batcher.waiting + len(units))
-        try:
-            found, seconds = await model.batcher.submit(units, decoding, sum(counts)) if units else ([], 0.0)
-        except QueueFull as full:
-            raise Refused(503, f"Server busy: {full}; retry shortly", retry_after=1) from None
-        finally:
-            metrics.queue.labels(model.name).set(model.batcher.waiting)
-        metrics.latency.labels(model.name).observe(seconds)
-        metrics.sentences.labels(model.name).inc(len(units))
-        results = []
-        for layout, rebuild in plans:
-            hypotheses = []
-            for rank in range(decoding.nbest):  # the rank-th hypothesis of every sentence (or its last)
-                nodes, score = [], 0.0
-                for indices, separators in layout:
-                    picked = []
-                    for start, n in (spans[i] for i in indices):
-                        chosen = [h[min(rank, len(h) - 1)] for h in found[start : start + n]]
-                        score += sum(s for s, _ in chosen)
-                        picked.append(" ".join(t for _, t in chosen))
-                    nodes.append(join_sentences(picked, separators))
-                hypotheses.append((score, rebuild(nodes) if rebuild else nodes[0]))
-            results.append((hypotheses, seconds))
-        return results
-
     @app.post("/translate")
     async def libretranslate(request: Request):
-        fields = await request_fields(request)
-        check_key(fields, request)
-        q, texts = fields.get("q"), texts_of(fields)
-        form = fields.get("format", "text")
+        fields = await server.fields(request)
+        q, texts, form = fields.get("q"), texts_of(fields), fields.get("format", "text")
         if form not in ("text", "html"):
             raise Refused(400, f"Invalid request: format={form!r} is not text or html")
         alternatives = integer(fields.get("alternatives", 0), "alternatives", 0, cfg.max_alternatives)
-        model = model_for(fields.get("source"), fields.get("target"))
+        model = server.model_for(fields.get("source"), fields.get("target"))
         search = SearchConfig(beam_size=max(cfg.beam_size, alternatives + 1), length_penalty=cfg.length_penalty)
-        results = await translate_texts(model, texts, form == "html", Decoding(search, alternatives + 1, model.tag))
-        translated = [[text for _, text in hyps] for hyps, _ in results]
-        body = {"translatedText": translated[0][0] if isinstance(q, str) else [t[0] for t in translated]}
-        if alternatives:
-            body["alternatives"] = translated[0][1:] if isinstance(q, str) else [t[1:] for t in translated]
+        results, _ = await server.translate(model, texts, form == "html", Decoding(search, alternatives + 1, model.tag))
         metrics.requests.labels("/translate", "200").inc()
-        return body
+        return libretranslate_answer(q, [[text for _, text in hypotheses] for hypotheses in results], alternatives)
 
     @app.post("/v1/translate")
     async def translate_v1(request: Request):
-        fields = await request_fields(request)
-        check_key(fields, request)
-        texts = texts_of(fields)
-        model = model_for(fields.get("source"), fields.get("target"))
+        fields = await server.fields(request)
+        texts, model = texts_of(fields), server.model_for(fields.get("source"), fields.get("target"))
         nbest = integer(fields.get("nbest", 1), "nbest", 1, cfg.max_alternatives + 1)
-        beam = integer(fields.get("beam_size", cfg.beam_size), "beam_size", nbest, 16)
-        penalty = fields.get("length_penalty", cfg.length_penalty)
-        if not isinstance(penalty, int | float) or isinstance(penalty, bool) or not 0 <= penalty <= 10:
-            raise Refused(400, f"Invalid request: length_penalty={penalty!r} must be a number from 0 to 10")
-        tag = fields.get("tag", model.tag)
-        if tag is not None:
-            try:
-                model.translator.src_tokenizer.tag_id(tag)
-            except DataError as e:
-                raise Refused(400, f"Invalid request: {e}") from None
-        search = SearchConfig(beam_size=beam, length_penalty=float(penalty))
-        results = await translate_texts(model, texts, fields.get("format") == "html", Decoding(search, nbest, tag))
+        search = SearchConfig(beam_size=integer(fields.get("beam_size", cfg.beam_size), "beam_size", nbest, 16),
+                              length_penalty=length_penalty(fields.get("length_penalty", cfg.length_penalty)))  # fmt: skip
+        tag = checked_tag(model, fields.get("tag", model.tag))
+        results, seconds = await server.translate(
+            model, texts, fields.get("format") == "html", Decoding(search, nbest, tag)
+        )
         metrics.requests.labels("/v1/translate", "200").inc()
         return {"model": model.name, "source": model.source, "target": model.target, "translations": [
-            {"text": hyps[0][1], "nbest": [{"text": t, "score": s if math.isfinite(s) else None} for s, t in hyps],
-             "seconds": round(sec, 6)}
-            for hyps, sec in results]}  # fmt: skip
+            {"text": hypotheses[0][1], "nbest": [{"text": t, "score": s if math.isfinite(s) else None} for s, t in hypotheses],
+             "seconds": round(seconds, 6)}
+            for hypotheses in results]}  # fmt: skip
 
     @app.get("/languages")
     async def languages():
-        sources = dict.fromkeys(s for s, _ in pairs)
-        return [{"code": s, "name": LANGUAGE_NAMES.get(s, s), "targets": [t for s_, t in pairs if s_ == s]}
-                for s in sources]  # fmt: skip
+        return server.languages()
 
     @app.get("/health")
     async def health():
-        ready = all(m.batcher is not None and m.batcher.task is not None and not m.batcher.task.done() for m in models)
-        body = {"status": "ok" if ready else "starting", "models": [f"{m.source}->{m.target}" for m in models]}
-        return JSONResponse(body, status_code=200 if ready else 503)
+        body = {"status": "ok" if server.ready() else "starting", "models": [f"{m.source}->{m.target}" for m in models]}
+        return JSONResponse(body, status_code=200 if server.ready() else 503)
 
     @app.get("/metrics")
     async def prometheus():
@@ -235,6 +219,29 @@ def create_app(models: list[ServedModel], cfg: ServeConfig) -> FastAPI:
         return PAGE
 
     return app
+
+
+def libretranslate_answer(q, translated: list[list[str]], alternatives: int) -> dict:
+    """LibreTranslate's body: one text (q a string) or a list, with the alternatives if asked for."""
+    body = {"translatedText": translated[0][0] if isinstance(q, str) else [t[0] for t in translated]}
+    if alternatives:
+        body["alternatives"] = translated[0][1:] if isinstance(q, str) else [t[1:] for t in translated]
+    return body
+
+
+def length_penalty(value) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 10:
+        raise Refused(400, f"Invalid request: length_penalty={value!r} must be a number from 0 to 10")
+    return float(value)
+
+
+def checked_tag(model: ServedModel, tag: str | None) -> str | None:
+    if tag is not None:
+        try:
+            model.translator.src_tokenizer.tag_id(tag)
+        except DataError as e:
+            raise Refused(400, f"Invalid request: {e}") from None
+    return tag
 
 
 def batcher_for(model: ServedModel, cfg: ServeConfig, metrics: Metrics) -> Batcher:

@@ -5,7 +5,6 @@ from dataclasses import asdict, dataclass
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import TQDMProgressBar
 from pytorch_lightning.utilities import rank_zero_warn
 
 from ..data import TranslationDataModule
@@ -15,7 +14,7 @@ from .config import OptimConfig, ValidationConfig
 from .ema import WeightAverage
 from .errors import TrainingError
 from .exact_resume import ExactResume
-from .progress import ProgressBar
+from .progress import in_place_of
 from .scoring import BleuScorer, Score
 
 
@@ -271,7 +270,7 @@ class TranslationModule(pl.LightningModule):
             (decay if p.dim() >= 2 and "positions" not in name else no_decay).append(p)
         # fused: one kernel per parameter group and its step count on the device; the default (for-each on a GPU,
         # one tensor at a time on a CPU, reading every step count into Python) took 4x as long on a CPU
-        # (scripts/bench_optimizer.py)
+        # (benchmarks/bench_optimizer.py)
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True,
@@ -304,11 +303,11 @@ class TranslationModule(pl.LightningModule):
             self.weight_average.load_state_dict(checkpoint["ema_state_dict"], self.model, prefix="model.")
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        """ExactResume: whatever callbacks a config lists, a resumed run continues exactly. ProgressBar in place of
-        Lightning's default bar, which would read the step's loss from the device at every refresh."""
-        bar = self.trainer.progress_bar_callback
-        default_bar = type(bar) is TQDMProgressBar
-        return [ExactResume(), *([ProgressBar(bar.refresh_rate, bar.process_position)] if default_bar else [])]
+        """ExactResume: whatever callbacks a config lists, a resumed run continues exactly. Our bar in place of the
+        default one Lightning picked (tqdm, or Rich where installed), which would read the step's loss from the device
+        at every refresh and show no tokens per second."""
+        bar = in_place_of(self.trainer.progress_bar_callback)
+        return [ExactResume(), *([bar] if bar is not None else [])]
 
     @staticmethod
     def hyperparameters(model: ModelConfig, optim: OptimConfig, validation: ValidationConfig | None = None,

@@ -10,7 +10,7 @@ from ..data.batching import TokenBatchSampler
 from ..data.tokenizer import SentencePiece
 from ..decoding import Ensemble, Hypothesis, beam_search, greedy_search, sampled_token
 from ..model import ModelConfig, RuntimeConfig, build_model, use_deterministic_algorithms
-from ..model.kernels import check_backend
+from ..model.kernels.rules import check_backend
 from ..training.resume import load_checkpoint
 from .interface import PRECISIONS, SearchConfig, check_nbest, decoded_nbest
 

@@ -1,8 +1,8 @@
 """A compile=true training step against eager on Multi30k batches: graph breaks and recompiles of the compiled model
 (torch.compile of the model in place, as `python -m transformer.train compile=true` does) and target tokens/s.
 
-    python scripts/bench_compile.py            # small model, fp32 and bf16, print the table
-    python scripts/bench_compile.py --write    # and record it in docs/benchmarks.md
+    python benchmarks/bench_compile.py            # small model, fp32 and bf16, print the table
+    python benchmarks/bench_compile.py --write    # and record it in docs/benchmarks.md
 
 The compiled model first trains on --warmup batches (each new shape may compile; after the first recompile torch
 marks shapes dynamic), then both models train on the same batches in interleaved windows. Run it alone.
@@ -14,10 +14,10 @@ import statistics
 import time
 
 import torch
+from report import record
 from torch._dynamo.utils import counters
 
 from transformer.benchmarks.machine import machine
-from transformer.benchmarks.report import record
 from transformer.benchmarks.training import train_steps
 from transformer.data import DataConfig, TranslationDataModule
 from transformer.model import ModelConfig, build_model
@@ -69,7 +69,7 @@ def main():
     if args.write:
         record(
             "bench_compile",
-            "Compiled training step (`python scripts/bench_compile.py --write`)",
+            "Compiled training step (`python benchmarks/bench_compile.py --write`)",
             f": Multi30k de-en, the first epoch's token batches (max_tokens=4096); the {args.size} model compiled in "
             "place with `torch.compile` (inductor, default mode), as `compile=true` does, against the same model "
             "eager; forward, the project's loss, backward and AdamW step, the batches described by the collator's "

@@ -15,12 +15,12 @@ OUT/gpu_check.md as it comes, most important first:
 7. where the host's time goes in the base model's eager training steps: py-spy's samples (a dev dependency).
 A stage that would start past --minutes is skipped. DDP is not checked: one GPU cannot show it.
 
-    python scripts/gpu_check.py --stage          # once, here: Multi30k, its captions and the wheels the lent
+    python tools/gpu_check.py --stage          # once, here: Multi30k, its captions and the wheels the lent
                                                  # machine lacks (for this check and the teacher-student pipeline)
-    python scripts/gpu_check.py --out OUT        # there (the device tool: carry scripts/gpu_check_data; --stage
+    python tools/gpu_check.py --out OUT        # there (the device tool: carry tools/gpu_check_data; --stage
                                                  # prints the whole command)
-    python scripts/gpu_check.py --smoke --out OUT  # on a CPU: the tiny model, a few steps, to check the script itself
-    python scripts/gpu_check.py --out OUT --stages base,host_profile runtime.attention_backend=efficient  # some stages, overrides
+    python tools/gpu_check.py --smoke --out OUT  # on a CPU: the tiny model, a few steps, to check the script itself
+    python tools/gpu_check.py --out OUT --stages base,host_profile runtime.attention_backend=efficient  # some stages, overrides
 """
 
 import argparse
@@ -56,8 +56,8 @@ def find_multi30k(given: Path | None) -> Path:
     for folder in [given] if given else [ROOT / "data" / "multi30k", STAGED, ROOT.parent / "shared/data/multi30k"]:
         if folder is not None and (folder / "train.de.gz").is_file():
             return folder.resolve()
-    raise SystemExit(f"no Multi30k found (data/multi30k, {STAGED}); run `python scripts/gpu_check.py --stage` where "
-                     "it is, and bring scripts/gpu_check_data along")  # fmt: skip
+    raise SystemExit(f"no Multi30k found (data/multi30k, {STAGED}); run `python tools/gpu_check.py --stage` where "
+                     "it is, and bring tools/gpu_check_data along")  # fmt: skip
 
 
 class Report:
@@ -328,7 +328,7 @@ def stage_for_the_device(data: Path) -> None:
                 f"{CAPTIONS.relative_to(ROOT)} --minutes 8 --speed-sentences 250 --pack $OUT/teacher_student.tar.gz")  # fmt: skip
     print(f"staged {len(list(STAGED.glob('*.gz')))} Multi30k files, {len(list(CAPTIONS.glob('*.gz')))} caption files "
           f"and {len(list(WHEELS.glob('*.whl')))} wheels ({size:.0f} MiB) in {STAGING}; there, with carry "
-          f"[scripts/gpu_check_data], this check:\n  {install} scripts/gpu_check.py --out $OUT\n"
+          f"[tools/gpu_check_data], this check:\n  {install} tools/gpu_check.py --out $OUT\n"
           f"or the teacher-to-student pipeline (docs/teacher_student.md):\n  {install} {pipeline}")  # fmt: skip
 
 

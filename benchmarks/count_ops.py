@@ -7,8 +7,8 @@
 3. one epoch, and 20, of the GPU recipe's batches (Multi30k, experiment=multi30k_de_en_gpu): distinct batch shapes,
    padding, and the graphs dynamo compiles for them, without and with data.length_rungs.
 
-    python scripts/count_ops.py            # print the tables (about 3 minutes on 2 cores)
-    python scripts/count_ops.py --write    # and record them in docs/benchmarks.md
+    python benchmarks/count_ops.py            # print the tables (about 3 minutes on 2 cores)
+    python benchmarks/count_ops.py --write    # and record them in docs/benchmarks.md
 """
 
 import argparse
@@ -16,12 +16,12 @@ import sys
 
 import numpy as np
 import torch
+from report import record
 from torch._dynamo.utils import counters
 
 from transformer.benchmarks.dispatch import StepOps, compiled_kernels, count_training_step
 from transformer.benchmarks.kernel_calls import synthetic_batch
 from transformer.benchmarks.peers import TorchTransformer
-from transformer.benchmarks.report import record
 from transformer.benchmarks.training import batch_loss
 from transformer.data import DataConfig, TranslationDataModule, padding_fraction
 from transformer.model import ModelConfig, build_model
@@ -120,7 +120,7 @@ def main() -> None:
                 "was 1,081 (445 + 636).\n\n" + "\n".join(ops) + "\n\nThe GPU recipe's batches (Multi30k, "
                 "data.max_tokens=8192), a shape being every batch tensor's; graphs from dynamo tracing one epoch "
                 "(compile=true's dynamic shapes):\n\n" + "\n".join(shapes))  # fmt: skip
-        record("count_ops", "Ops a training step dispatches, and batch shapes (`python scripts/count_ops.py --write`)",
+        record("count_ops", "Ops a training step dispatches, and batch shapes (`python benchmarks/count_ops.py --write`)",
                body)  # fmt: skip
 
 

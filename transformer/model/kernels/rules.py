@@ -18,14 +18,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import attention
-from .config import ModelConfig, RuntimeConfig
+from .. import attention
+from ..config import ModelConfig, RuntimeConfig
+from . import explicit
+from .backends import AUTO_ORDER_CUDA, SDPA_BACKENDS
 
 # On sm90 with cuDNN >= 9.15, PyTorch 2.13 would try cuDNN first for dense inputs (check_prefer_cudnn_attention);
-# backend=auto sets the order that attention.AUTO_ORDER_CUDA names instead. Nested jagged inputs keep a fixed order
+# backend=auto sets the order that backends.AUTO_ORDER_CUDA names instead. Nested jagged inputs keep a fixed order
 # of their own, with cuDNN after math
-_NAMES = {kernel: name for name, kernel in attention.SDPA_BACKENDS.items()}
-DENSE_ORDER = tuple(_NAMES[kernel] for kernel, _ in attention.AUTO_ORDER_CUDA)
+_NAMES = {kernel: name for name, kernel in SDPA_BACKENDS.items()}
+DENSE_ORDER = tuple(_NAMES[kernel] for kernel, _ in AUTO_ORDER_CUDA)
 JAGGED_ORDER = ("flash", "efficient", "math", "cudnn")
 REDUCED = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256  # flash; cuDNN on sm90 from cuDNN 9.10
@@ -209,7 +211,7 @@ def record_sdpa(model: nn.Module) -> Iterator[list[SdpaCall]]:
 
     try:
         with mock.patch.object(F, "scaled_dot_product_attention", recorded), \
-                mock.patch.object(attention, "explicit_is_faster", lambda *args: False):  # fmt: skip
+                mock.patch.object(explicit, "explicit_is_faster", lambda *args: False):  # fmt: skip
             yield calls
     finally:
         for hook in hooks:

@@ -1,11 +1,11 @@
-"""Benchmark sections in the checkout's docs/*.md (the package is installed editable: pip install -e .)."""
+"""Benchmark sections in the checkout's docs/*.md, written by the benchmarks beside this file (never by the package)."""
 
 from datetime import date
 from pathlib import Path
 
-from .machine import machine
+from transformer.benchmarks.machine import machine
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 BENCHMARKS = DOCS / "benchmarks.md"
 
 

@@ -1,7 +1,7 @@
 """How a training step's time and peak memory grow with sequence length and batch tokens, per attention kernel.
 
-    python scripts/bench_scaling.py                                 # small model, bf16, this machine's device
-    python scripts/bench_scaling.py --lengths 64 512 2048 --tokens 4096 16384 --write
+    python benchmarks/bench_scaling.py                                 # small model, bf16, this machine's device
+    python benchmarks/bench_scaling.py --lengths 64 512 2048 --tokens 4096 16384 --write
 
 Each point is one (sequence length T, batch tokens N, backend) training step of the model on random token ids,
 N / T sentences of T source and T target tokens, in a fresh process: forward, loss, backward (no optimizer).
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from report import record
 
 from transformer.benchmarks.machine import machine, status_kib
-from transformer.benchmarks.report import record
 from transformer.model import ModelConfig, RuntimeConfig, build_model
 
 
@@ -104,7 +104,7 @@ def main() -> None:
     if args.write:
         record(
             f"bench_scaling_{device}",
-            f"Scaling on {device} (`python scripts/bench_scaling.py --lengths {' '.join(map(str, args.lengths))} "
+            f"Scaling on {device} (`python benchmarks/bench_scaling.py --lengths {' '.join(map(str, args.lengths))} "
             f"--tokens {' '.join(map(str, args.tokens))} --steps {args.steps} --write`)",
             f": the {args.size} model, bf16 autocast, one training step (forward, loss, backward) on random ids, "
             f"batch tokens / T sentences of T source and T target tokens, every second source half padding; median of {args.steps} steps after a "

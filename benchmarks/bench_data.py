@@ -2,10 +2,10 @@
 the time to the first training step, on a synthetic corpus of WMT14 en-de's size and shape
 (transformer/benchmarks/wmt_shaped.py: real pairs joined to WMT-like lengths; no WMT training set is reachable).
 
-    python scripts/bench_data.py prepare [--pairs 4500000] [--fresh] [--record]
-    python scripts/bench_data.py loader [--workers 0 1 2] [--batches 300] [--streaming] [--record]
-    python scripts/bench_data.py stream-rss [--stream-pairs 40000000 4500000] [--workers 0] [--batches 300] [--record]
-    python scripts/bench_data.py first-step [--model small] [--record]
+    python benchmarks/bench_data.py prepare [--pairs 4500000] [--fresh] [--record]
+    python benchmarks/bench_data.py loader [--workers 0 1 2] [--batches 300] [--streaming] [--record]
+    python benchmarks/bench_data.py stream-rss [--stream-pairs 40000000 4500000] [--workers 0] [--batches 300] [--record]
+    python benchmarks/bench_data.py first-step [--model small] [--record]
 
 Everything lives under --root (default /tmp/bench_data): the corpus in wmt-shaped-{pairs}-s{seed}/ (written once,
 then reused), prepare's cache for it in cache/wmt-shaped-{pairs}-s{seed}/, encoded shards in
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import pytorch_lightning as pl
+from report import record
 
-from transformer.benchmarks.report import record
 from transformer.benchmarks.wmt_shaped import (
     SOURCES,
     format_length_stats,
@@ -151,7 +151,7 @@ def cache_dir(args, folder: Path) -> Path:
 def require_cache(args, folder: Path) -> None:
     if not cache_dir(args, folder).is_dir():
         raise SystemExit(f"no prepared cache {cache_dir(args, folder)}; run "
-                         f"`python scripts/bench_data.py prepare --pairs {args.pairs}` first")  # fmt: skip
+                         f"`python benchmarks/bench_data.py prepare --pairs {args.pairs}` first")  # fmt: skip
 
 
 def mib(x: float) -> str:
@@ -172,7 +172,7 @@ def report(args, name: str, heading: str, description: str, header: str, rows: l
     table = f"{header}\n|{align}|\n" + "\n".join(rows)
     print("\n" + table)
     if args.record:
-        command = " ".join(["python scripts/bench_data.py", *sys.argv[1:]])
+        command = " ".join(["python benchmarks/bench_data.py", *sys.argv[1:]])
         record(f"bench_data_{name}", f"{heading} (`{command}`)", f": {description}\n\n{table}")
 
 
