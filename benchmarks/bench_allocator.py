@@ -23,6 +23,7 @@ from report import record
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.benchmarks.machine import machine
+from transformer.benchmarks.memory import in_fresh_process, report
 from transformer.machine.allocator import MALLOC_CONF, OPT_OUT, jemalloc_library
 
 SKIPPED_STEPS = 50  # the first steps: warm-up, every kernel new
@@ -38,9 +39,7 @@ def train(allocator: str, kernel_cache: int | None, steps: int, folder: Path) ->
     command = [sys.executable, "-m", "transformer.train", "experiment=multi30k_de_en_cpu",
                f"trainer.max_steps={steps}", "validation.bleu_every=0", f"hydra.run.dir={folder}"]  # fmt: skip
     # through a process of its own, so that the resource usage of its children is this one training's
-    usage = subprocess.run([sys.executable, __file__, "--measure", *command], env=env, check=True,
-                           capture_output=True, text=True).stdout.split()  # fmt: skip
-    wall, system, faults, rss_kib = float(usage[-4]), float(usage[-3]), int(usage[-2]), int(usage[-1])
+    wall, system, faults, rss_kib = in_fresh_process([__file__, "--measure", *command], env=env)
     events = EventAccumulator(str(next(folder.rglob("events.out.tfevents*"))), size_guidance={"scalars": 0})
     events.Reload()
     rates = [e.value for e in events.Scalars("train/tokens_per_s") if e.step >= SKIPPED_STEPS]
@@ -57,7 +56,7 @@ def measure(command: list[str]) -> None:
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(time.perf_counter() - start, usage.ru_stime, usage.ru_minflt, usage.ru_maxrss)
+    report([time.perf_counter() - start, usage.ru_stime, usage.ru_minflt, usage.ru_maxrss])
 
 
 def main() -> None:

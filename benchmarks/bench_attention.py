@@ -156,7 +156,7 @@ def main():
             f"The module (in-projection, attention, out-projection):\n\n{table}\n\n"
             "The attention core alone (no projections), 8,192 tokens a batch, 4 heads of 64, padding mask; "
             "this is what `backend=auto` chooses from on a CPU (`explicit_is_faster` in "
-            f"`transformer/model/attention.py`):\n\n{kernels}",
+            f"`transformer/model/kernels/explicit.py`):\n\n{kernels}",
         )
 
 

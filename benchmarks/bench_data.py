@@ -387,7 +387,9 @@ def bench_first_step(args) -> None:
            "trainer.max_steps=1", "trainer.num_sanity_val_steps=0", "trainer.limit_val_batches=0", "~logger",
            "+callbacks.first_step_clock._target_=bench_data.FirstStepClock", f"hydra.run.dir={run_dir}",
            *args.train_overrides]  # fmt: skip
-    path = os.pathsep.join(filter(None, [str(REPO / "scripts"), os.environ.get("PYTHONPATH")]))  # the callback's
+    path = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")])
+    )  # the callback's
     started = time.time()
     run = run_measured(cmd, env={"PYTHONPATH": path})
     clock = re.search(re.escape(CLOCK) + r" ([\d.]+)", run.output)

@@ -16,10 +16,7 @@ Run it alone: another torch process on the same cores distorts every number.
 import argparse
 import contextlib
 import gc
-import json
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +25,8 @@ import torch
 from report import BENCHMARKS, record
 from sacrebleu.metrics import BLEU
 
-from transformer.benchmarks.machine import machine, status_kib
+from transformer.benchmarks.machine import machine
+from transformer.benchmarks.memory import PeakGrowth, in_fresh_process, report
 from transformer.data import DataConfig, load_corpus
 from transformer.translators import CheckpointTranslator, SearchConfig
 
@@ -84,8 +82,7 @@ def measure(args) -> dict:
     if decoder != "marian":  # the model is loaded again below, inside the measured memory
         del translator
         gc.collect()
-    before = status_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
+    peak = PeakGrowth()
     if decoder in ("ours", "ours-no-cache"):
         ours = CheckpointTranslator.from_path(args.ckpt)
         search = replace(search, use_cache=decoder == "ours")
@@ -111,17 +108,16 @@ def measure(args) -> dict:
     return {
         "seconds": seconds, "sentences": len(sources), "tokens": sum(len(h) + 1 for h in found),
         "bleu": None if decoder == "marian" else BLEU().corpus_score(tgt.decode(found), [references]).score,
-        "peak_mib": None if decoder == "marian" else (status_kib("VmHWM") - before) / 1024,
+        "peak_mib": None if decoder == "marian" else peak.mib(),
     }  # fmt: skip
 
 
 def row_in_fresh_process(args, decoder: str, beam: int, precision: str, threads: int) -> dict:
-    command = [sys.executable, __file__, "--ckpt", args.ckpt, "--sentences", str(args.sentences), "--reps",
-               str(args.reps), "--row", decoder, str(beam), precision, str(threads)]  # fmt: skip
+    command = [__file__, "--ckpt", args.ckpt, "--sentences", str(args.sentences), "--reps", str(args.reps), "--row",
+               decoder, str(beam), precision, str(threads)]  # fmt: skip
     if args.split:
         command += ["--split", args.split]
-    out = subprocess.run(command, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return in_fresh_process(command)
 
 
 def disk_mib(path: Path) -> float:
@@ -140,7 +136,7 @@ def main():
     parser.add_argument("--row", nargs=4, help=argparse.SUPPRESS)  # internal: measure one row in this process
     args = parser.parse_args()
     if args.row:
-        print(json.dumps(measure(args)))
+        report(measure(args))
         return
 
     rows = [

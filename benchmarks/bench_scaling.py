@@ -15,15 +15,14 @@ torch.cuda.max_memory_allocated on a GPU. Run it alone.
 import argparse
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from report import record
 
-from transformer.benchmarks.machine import machine, status_kib
+from transformer.benchmarks.machine import machine
+from transformer.benchmarks.memory import PeakGrowth, in_fresh_process, report
 from transformer.model import ModelConfig, RuntimeConfig, build_model
 
 
@@ -47,7 +46,6 @@ def one_point(size: str, length: int, tokens: int, backend: str, device: str, st
     tgt = torch.randint(1, vocab, (batch, length), device=device)
     autocast = torch.autocast(device, dtype=torch.bfloat16)
     cuda = device == "cuda"
-    before = 0 if cuda else status_kib("VmRSS")
 
     def step():
         with autocast:
@@ -58,17 +56,13 @@ def one_point(size: str, length: int, tokens: int, backend: str, device: str, st
             torch.cuda.synchronize()
 
     step()  # warm-up
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        Path("/proc/self/clear_refs").write_text("5")  # peak resident size := current
+    peak = PeakGrowth(device)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else (status_kib("VmHWM") - before) / 1024
-    return statistics.median(times) * 1000, peak
+    return statistics.median(times) * 1000, peak.mib()
 
 
 def main() -> None:
@@ -82,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         length, tokens, backend, device = int(args.one[0]), int(args.one[1]), args.one[2], args.one[3]
-        print(*one_point(args.size, length, tokens, backend, device, args.steps))
+        report(one_point(args.size, length, tokens, backend, device, args.steps))
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(machine())
@@ -91,13 +85,13 @@ def main() -> None:
         for length in args.lengths:
             cells = []
             for backend in backends(device):
-                worker = [sys.executable, __file__, "--size", args.size, "--steps", str(args.steps), "--one",
-                          str(length), str(tokens), backend, device]  # fmt: skip
-                done = subprocess.run(worker, capture_output=True, text=True)
-                if done.returncode:
+                worker = [__file__, "--size", args.size, "--steps", str(args.steps), "--one", str(length), str(tokens),
+                          backend, device]  # fmt: skip
+                try:
+                    ms, mib = in_fresh_process(worker)
+                except subprocess.CalledProcessError:
                     cells.append("fails")  # e.g. a kernel that does not take this shape on this device
                     continue
-                ms, mib = map(float, done.stdout.split()[-2:])
                 cells.append(f"{ms:,.0f} ms, {mib:,.0f} MiB")
             rows.append(f"| {length} | {tokens:,} | {' | '.join(cells)} |")
             print(rows[-1], flush=True)

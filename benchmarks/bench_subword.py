@@ -11,7 +11,6 @@ pair are segmented, as one epoch of training does. Run it alone.
 
 import argparse
 import itertools
-import resource
 import statistics
 import tempfile
 import time
@@ -21,6 +20,7 @@ import numpy as np
 from report import record
 
 from transformer.benchmarks.machine import machine
+from transformer.benchmarks.memory import PeakGrowth
 from transformer.data import DataConfig, TranslationDataModule
 from transformer.data.batching import TokenDataset
 from transformer.data.subword import load_tables, nbest_table, save_tables
@@ -49,12 +49,12 @@ def main() -> None:
     train = dm.dataset(cfg.train_split)
     stored = TokenDataset(train)
     sides = [(list(train["src"]), dm.src_tokenizer, stored.src), (list(train["tgt"]), dm.tgt_tokenizer, stored.tgt)]
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = PeakGrowth()
     start = time.perf_counter()
     tables = [nbest_table(texts, tok, args.nbest, flat, cfg.max_length) for texts, tok, flat in sides]
     build = time.perf_counter() - start
     table_mib = sum(t.values.nbytes + t.offsets.nbytes + t.first.nbytes + t.scores.nbytes for t in tables) / 2**20
-    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    grown = peak.mib()
     epoch = itertools.count()  # a new epoch's draw each time
     ours = seconds(lambda: [t.draw(args.alpha, np.random.default_rng([1, next(epoch)])) for t in tables], args.epochs)
     now = (

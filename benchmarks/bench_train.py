@@ -13,7 +13,6 @@ in a fresh process per model: the growth of peak resident memory over three step
 import argparse
 import random
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +20,8 @@ import torch
 from report import record
 from torch import nn
 
-from transformer.benchmarks.machine import machine, status_kib
+from transformer.benchmarks.machine import machine
+from transformer.benchmarks.memory import PeakGrowth, in_fresh_process, report
 from transformer.benchmarks.peers import MarianPeer, TorchTransformer, TutorialTransformer
 from transformer.benchmarks.training import train_steps
 from transformer.data import DataConfig, TranslationDataModule
@@ -57,9 +57,7 @@ def tutorial_batches(data: TranslationDataModule, count: int, sentences: int = 1
 
 def peak_memory_mib(size: str, name: str, precision: str) -> float:
     """Peak resident memory growth over three training steps of one model, measured in a fresh process."""
-    out = subprocess.run([sys.executable, __file__, "--peak-memory-of", size, name, precision],
-                         capture_output=True, text=True, check=True)  # fmt: skip
-    return float(out.stdout.strip().splitlines()[-1])
+    return in_fresh_process([__file__, "--peak-memory-of", size, name, precision])
 
 
 def measure_peak_memory(size: str, name: str, precision: str) -> None:
@@ -71,11 +69,10 @@ def measure_peak_memory(size: str, name: str, precision: str) -> None:
         batches, model = tutorial_batches(data, 3), TutorialTransformer(tok.vocab_size, tok.pad_id)
     else:
         batches, model = token_batches(data, 3), models_of(size, data)[name]
-    before = status_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
+    peak = PeakGrowth()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     train_steps(model.train(), optimizer, batches, precision, data.data.src_tokenizer.pad_id)
-    print((status_kib("VmHWM") - before) / 1024)
+    report(peak.mib())
 
 
 def throughput(models, batches, precision, pad, windows, per_window, label_smoothing=0.1) -> dict[str, float]:

@@ -51,7 +51,8 @@ class WallShare(Callback):
 
 
 def run(tree: Path, overrides: list[str]) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "scripts")}
+    here = str(Path(__file__).resolve().parent)  # WallShare, imported by the training process
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "transformer.train", *overrides,
                            "+callbacks.wall_share._target_=bench_wall_clock.WallShare"],
                           cwd=tree, env=env, capture_output=True, text=True)  # fmt: skip

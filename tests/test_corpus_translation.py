@@ -11,8 +11,8 @@ import pytest
 
 from transformer import translate
 from transformer.data.sources import read_lines
-from transformer.translators import SearchConfig, open_translator
-from transformer.translators.corpus import translate_corpus
+from transformer.translators import Decoding, SearchConfig, open_translator
+from transformer.translators.corpus import CorpusOutput, translate_corpus
 
 from .helpers import compose_command
 
@@ -43,7 +43,9 @@ class Killed(Exception):
 
 def test_a_killed_translation_resumes_to_what_an_unbroken_one_writes(corpus, tmp_path, monkeypatch):
     translator, path, lines, ckpt = corpus
-    whole = translate_corpus(translator, path, str(tmp_path / "whole"), SAMPLING, "32", chunk_lines=8)
+    whole = translate_corpus(
+        translator, path, CorpusOutput(str(tmp_path / "whole"), chunk_lines=8), Decoding(SAMPLING), "32"
+    )
     assert read(whole, "train.de.gz") == lines and len(read(whole, "train.en.gz")) == len(lines) == 50
     assert read(whole, "train.en.gz")[20] == "" and not (whole / ".train.parts").exists()
 
@@ -57,7 +59,9 @@ def test_a_killed_translation_resumes_to_what_an_unbroken_one_writes(corpus, tmp
 
     monkeypatch.setattr(translator, "translate_nbest", killed_in_the_third_chunk)
     with pytest.raises(Killed):
-        translate_corpus(translator, path, str(tmp_path / "resumed"), SAMPLING, "32", chunk_lines=8)
+        translate_corpus(
+            translator, path, CorpusOutput(str(tmp_path / "resumed"), chunk_lines=8), Decoding(SAMPLING), "32"
+        )
     parts = tmp_path / "resumed" / ".train.parts"
     assert sorted(p.name for p in parts.glob("*.jsonl")) == ["000000.jsonl", "000001.jsonl"]
     assert not (tmp_path / "resumed" / "train.en.gz").exists()  # nothing in place before every chunk is done
@@ -66,7 +70,9 @@ def test_a_killed_translation_resumes_to_what_an_unbroken_one_writes(corpus, tmp
     monkeypatch.setattr(
         translator, "translate_nbest", lambda *a, **k: resumed_calls.append(1) or translate_nbest(*a, **k)
     )
-    resumed = translate_corpus(translator, path, str(tmp_path / "resumed"), SAMPLING, "32", chunk_lines=8)
+    resumed = translate_corpus(
+        translator, path, CorpusOutput(str(tmp_path / "resumed"), chunk_lines=8), Decoding(SAMPLING), "32"
+    )
     assert len(resumed_calls) == 5  # the 5 chunks of 7 not written: the first two are not translated again
     for name in ("train.de.gz", "train.en.gz", "train.scores.gz"):
         assert read(resumed, name) == read(whole, name), name
@@ -81,7 +87,7 @@ def test_every_file_is_on_disk_before_a_rename_puts_it_in_place(corpus, tmp_path
         os, "fsync", lambda fd: events.append(("synced", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd)
     )
     monkeypatch.setattr(Path, "replace", lambda self, to: events.append(("renamed", str(self))) or replace(self, to))
-    translate_corpus(translator, path, str(tmp_path / "out"), SAMPLING, "32", chunk_lines=8)
+    translate_corpus(translator, path, CorpusOutput(str(tmp_path / "out"), chunk_lines=8), Decoding(SAMPLING), "32")
     renamed = [name for event, name in events if event == "renamed"]
     assert len(renamed) == 1 + 7 + 1 + 3  # settings, 7 chunks, the record, the corpus's 3 files
     for name in renamed:
@@ -139,17 +145,19 @@ def test_the_command_writes_a_corpus_folder_training_reads_with_the_nbest_and_sc
 def test_min_score_leaves_out_the_pairs_scored_below_it_and_counts_them(corpus, tmp_path):
     translator, path, lines, ckpt = corpus
     beam = SearchConfig(beam_size=3)
-    every = translate_corpus(translator, path, str(tmp_path / "every"), beam, "32")
+    every = translate_corpus(translator, path, CorpusOutput(str(tmp_path / "every")), Decoding(beam), "32")
     scores = [float(s) for s in read(every, "train.scores.gz")]
     threshold = sorted(scores)[len(scores) // 2]
-    kept = translate_corpus(translator, path, str(tmp_path / "kept"), beam, "32", min_score=threshold)
+    kept = translate_corpus(
+        translator, path, CorpusOutput(str(tmp_path / "kept"), min_score=threshold), Decoding(beam), "32"
+    )
     pairs = list(zip(read(every, "train.de.gz"), read(every, "train.en.gz"), scores))
     want = [(s, t) for s, t, score in pairs if score >= threshold or not s]  # an empty source: nothing to judge
     assert list(zip(read(kept, "train.de.gz"), read(kept, "train.en.gz"))) == want and 20 < len(want) < 40
     record = json.loads((kept / "train.translation.json").read_text())
     assert record["pairs"] == len(want) and record["dropped_below_min_score"] == 50 - len(want)
     with pytest.raises(ValueError, match=r"^min_score=-1.0 filters by beam search's scores; greedy search"):
-        translate_corpus(translator, path, str(tmp_path / "x"), SAMPLING, "32", min_score=-1.0)
+        translate_corpus(translator, path, CorpusOutput(str(tmp_path / "x"), min_score=-1.0), Decoding(SAMPLING), "32")
 
 
 def test_sampling_never_draws_the_tokens_it_is_told_not_to():

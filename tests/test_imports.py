@@ -110,10 +110,13 @@ def test_every_command_has_a_console_script_that_runs_it():
     targets = {name: target.split(":") for name, target in re.findall(r'^([\w-]+) = "([\w.:]+)"', section, re.M)}
     assert {module for module, _ in targets.values()} == COMMANDS
     assert all(name == "transformer-" + module.split(".")[1] for name, (module, _) in targets.items())
-    found = shutil.which("transformer-average")
-    require(found is not None, "the console scripts", 'install the package: pip install -e ".[dev]"')
-    run = subprocess.run([found, "--help"], capture_output=True, text=True)
+    found = {name: shutil.which(name) for name in ("transformer-average", "transformer-translate")}
+    require(None not in found.values(), "the console scripts", 'install the package: pip install -e ".[dev]"')
+    run = subprocess.run([found["transformer-average"], "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "transformer.average" in run.stdout  # the command's own usage
+    run = subprocess.run([found["transformer-translate"], "--cfg", "job", "ckpt_path=x"], capture_output=True,
+                         text=True, cwd=PACKAGE.parent.parent)  # fmt: skip  # Hydra finds configs/ from anywhere
+    assert run.returncode == 0 and "ckpt_path: x" in run.stdout, run.stderr[-2000:]
 
 
 FRAMEWORKS = ("lightning", "pytorch_lightning", "hydra", "omegaconf")

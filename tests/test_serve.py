@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 from transformer.data.sources import DataError
 from transformer.serve.__main__ import load_models
 from transformer.serve.app import create_app
-from transformer.serve.batcher import Batcher, Decoding, QueueFull
+from transformer.serve.batcher import Batcher, QueueFull
 from transformer.serve.config import ServeConfig
 from transformer.serve.text import join_sentences, split_sentences
-from transformer.translators import SearchConfig
+from transformer.translators import Decoding, SearchConfig
 
 from .helpers.junk_requests import junk_requests
 

@@ -9,9 +9,9 @@ every 500 steps).
 """
 
 import argparse
-import sys
 from pathlib import Path
 
+from .cli.command import exit_with
 from .training.averaging import AVERAGE_NAME, average_checkpoints, checkpoints_in
 from .training.checkpoint import AtomicCheckpointIO
 
@@ -30,8 +30,7 @@ def main(argv: list[str] | None = None) -> None:
         output = args.output or folder / AVERAGE_NAME
         averaged = average_checkpoints(paths)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        exit_with(e, status=1)
     AtomicCheckpointIO().save_checkpoint(averaged, output)
     print(f"averaged {len(paths)} checkpoints (steps up to {averaged['global_step']}) into {output}")
 

@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from sacrebleu.metrics import BLEU
 
-from .cli.command import check_overrides, one_line_errors, read_lines
+from .cli.command import CONFIGS, check_overrides, one_line_errors, read_lines
 from .data import DataConfig, DataError, load_corpus
 from .data.sources import read_lines as read_corpus_lines
 from .evaluation.significance import metrics, paired_tests
@@ -103,7 +103,7 @@ def check_pair(sources: str | None, references: str | None, split: str | None) -
     return read_pair(sources, references)
 
 
-@hydra.main(config_path="../configs", config_name="evaluate", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS), config_name="evaluate", version_base="1.3")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)

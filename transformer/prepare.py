@@ -9,7 +9,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from .cli.command import check_overrides, one_line_errors
+from .cli.command import CONFIGS, check_overrides, one_line_errors
 from .data import (
     DataConfig,
     PreparedData,
@@ -111,7 +111,7 @@ def _split_row(label: str, s: dict, batches: list, lengths: np.ndarray, length_r
     )
 
 
-@hydra.main(config_path="../configs", config_name="prepare", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS), config_name="prepare", version_base="1.3")
 @one_line_errors
 def main(config: DictConfig) -> None:
     datasets.disable_progress_bars()

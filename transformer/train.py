@@ -18,7 +18,7 @@ import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .cli.command import check_overrides, check_trainer_args, one_line_errors
+from .cli.command import CONFIGS, check_overrides, check_trainer_args, exit_with, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .data.batching import padded_length
 from .machine.allocator import allocator_hint, restart_with_jemalloc
@@ -148,7 +148,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     return trainer
 
 
-@hydra.main(config_path="../configs", config_name="train", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS), config_name="train", version_base="1.3")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -176,8 +176,7 @@ def check_run_folder_free(cfg) -> None:
         try:
             RunFolderLock(run_dir).release()
         except TrainingError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+            exit_with(e)
 
 
 def quiet_full_disk_in_threads(hook):
@@ -211,8 +210,7 @@ def cli() -> None:
         full = disk_full_in_run(e, Path(cfg.hydra.run.dir) if cfg is not None else Path.cwd())
         if full is None:
             raise
-        print(f"error: {full}", file=sys.stderr)
-        sys.exit(2)
+        exit_with(full)
 
 
 if __name__ == "__main__":

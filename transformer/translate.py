@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from .cli.command import check_overrides, one_line_errors
+from .cli.command import CONFIGS, check_overrides, one_line_errors
 from .model import RuntimeConfig
-from .translators import SearchConfig, check_nbest, checkpoint_paths, open_translator
-from .translators.corpus import translate_corpus
+from .translators import Decoding, SearchConfig, check_nbest, checkpoint_paths, open_translator
+from .translators.corpus import CorpusOutput, translate_corpus
 
 
 def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:
@@ -28,7 +28,7 @@ def arriving_lines(fd: int, max_lines: int) -> Iterator[list[str]]:
         yield [pending.decode("utf-8", errors="replace")]
 
 
-@hydra.main(config_path="../configs", config_name="translate", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS), config_name="translate", version_base="1.3")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)
@@ -52,8 +52,8 @@ def main(cfg: DictConfig) -> None:
             "ema": cfg.ema,
             "checkpoints": [[os.path.getsize(p), os.path.getmtime(p)] for p in paths if os.path.isfile(p)],
         }
-        translate_corpus(translator, cfg.input, cfg.output, search, precision, cfg.nbest or 1, cfg.tag, cfg.split,
-                         cfg.chunk_lines, cfg.min_score, about)  # fmt: skip
+        output = CorpusOutput(cfg.output, cfg.split, cfg.chunk_lines, cfg.min_score)
+        translate_corpus(translator, cfg.input, output, Decoding(search, cfg.nbest or 1, cfg.tag), precision, about)
         return
     fd = os.open(cfg.input, os.O_RDONLY) if cfg.input else sys.stdin.fileno()
     done = 0  # input lines so far: the nbest lines' index

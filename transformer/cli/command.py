@@ -21,8 +21,15 @@ from .console import quiet_console
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
+def exit_with(error: Exception | str, status: int = 2) -> typing.NoReturn:
+    """What every command prints for a failure it can name: one line, `error: ...` on stderr, then the exit status
+    (2: bad input; 1: a check the input failed, as export's parity gate)."""
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(status)
+
+
 def one_line_errors(main):
-    """Report a bad config or bad data as `error: ...` on stderr and exit 2; keep library notices off the console."""
+    """Report a bad config or bad data through exit_with; keep library notices off the console."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -30,8 +37,7 @@ def one_line_errors(main):
         try:
             return main(*args, **kwargs)
         except (DataError, ValueError, FileNotFoundError, TrainingError, MisconfigurationException) as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+            exit_with(e)
 
     return wrapper
 
@@ -59,12 +65,10 @@ def check_overrides(config_name: str, argv: list[str]):
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
             cfg = compose(config_name, overrides=argv, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {_composition_error(e, argv)}", file=sys.stderr)
-        sys.exit(2)
+        exit_with(_composition_error(e, argv))
     missing = [key for key in cfg if OmegaConf.is_missing(cfg, key)]  # top level: resolving runs ${hydra:...}
     if missing:
-        print(f"error: {missing[0]} is required: add {missing[0]}=...", file=sys.stderr)
-        sys.exit(2)
+        exit_with(f"{missing[0]} is required: add {missing[0]}=...")
     return cfg
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ..cli.command import check_overrides, one_line_errors, read_lines
+from ..cli.command import CONFIGS, check_overrides, exit_with, one_line_errors, read_lines
 from ..data import DataConfig, load_corpus
 from ..data.sources import file_sha256
 from ..translators import CheckpointTranslator, SearchConfig
@@ -128,7 +128,7 @@ def _build_and_check(cfg: DictConfig, translator: CheckpointTranslator, tmp: Pat
     return put_in_place(built, output), None
 
 
-@hydra.main(config_path="../../configs", config_name="export", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS), config_name="export", version_base="1.3")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     folder, failure = export(cfg)
@@ -141,9 +141,8 @@ def main(cfg: DictConfig) -> None:
         )
     if failure is not None:
         first = next(r["first_different"] for r in card["searches"] if failure.startswith(r["search"]))
-        print(f"error: the export fails the parity gate: {failure} (first differing sentences: {first}); "
-              f"it is in {folder}, not deployed", file=sys.stderr)  # fmt: skip
-        sys.exit(1)
+        exit_with(f"the export fails the parity gate: {failure} (first differing sentences: {first}); it is in "
+                  f"{folder}, not deployed", status=1)  # fmt: skip
     print(f"exported to {folder}")
 
 

@@ -8,7 +8,7 @@ import hydra
 import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
-from ..cli.command import check_overrides, one_line_errors
+from ..cli.command import CONFIGS, check_overrides, one_line_errors
 from ..translators import open_translator
 from .app import ServedModel, create_app
 from .config import ServeConfig
@@ -36,7 +36,7 @@ def load_models(cfg: ServeConfig) -> list[ServedModel]:
     return models
 
 
-@hydra.main(config_path="../../configs", config_name="serve", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS), config_name="serve", version_base="1.3")
 @one_line_errors
 def main(cfg: DictConfig) -> None:
     serve = ServeConfig(**OmegaConf.to_container(cfg, resolve=True))

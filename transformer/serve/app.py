@@ -15,8 +15,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..data.sources import DataError
-from ..translators import SearchConfig, Translator
-from .batcher import Batcher, Decoding, QueueFull
+from ..translators import Decoding, SearchConfig, Translator
+from .batcher import Batcher, QueueFull
 from .config import ServeConfig
 from .planning import engine_units, plan_texts, rebuild_texts
 
@@ -207,8 +207,9 @@ def create_app(models: list[ServedModel], cfg: ServeConfig) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        body = {"status": "ok" if server.ready() else "starting", "models": [f"{m.source}->{m.target}" for m in models]}
-        return JSONResponse(body, status_code=200 if server.ready() else 503)
+        ready = server.ready()
+        body = {"status": "ok" if ready else "starting", "models": [f"{m.source}->{m.target}" for m in models]}
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def prometheus():

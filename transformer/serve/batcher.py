@@ -7,20 +7,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..translators import SearchConfig
+from ..translators import Decoding
 
 
 class QueueFull(Exception):
     """The model's queue holds max_queue_sentences: the request is refused (503), not queued."""
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """How a request's sentences are searched: requests batch together only when these are equal."""
-
-    search: SearchConfig
-    nbest: int = 1
-    tag: str | None = None
 
 
 @dataclass

@@ -6,12 +6,13 @@ import os
 from ..model import RuntimeConfig
 from .checkpoint import CheckpointTranslator
 from .ctranslate2 import CTranslate2Translator, is_export
-from .interface import PRECISIONS, SearchConfig, Translator, check_nbest
+from .interface import PRECISIONS, Decoding, SearchConfig, Translator, check_nbest
 
 __all__ = [
     "PRECISIONS",
     "CTranslate2Translator",
     "CheckpointTranslator",
+    "Decoding",
     "SearchConfig",
     "Translator",
     "check_nbest",

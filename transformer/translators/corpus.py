@@ -12,13 +12,13 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
 from ..data.sources import stream_lines
-from . import SearchConfig, Translator
+from .interface import Decoding, Translator
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -41,15 +41,27 @@ def synced(path: Path) -> Path:
     return path
 
 
-def translate_corpus(translator: Translator, input_path: str, output: str, search: SearchConfig, precision: str,
-                     nbest: int = 1, tag: str | None = None, split: str = "train", chunk_lines: int = 10_000,
-                     min_score: float | None = None, about: dict | None = None) -> Path:  # fmt: skip
-    """The corpus folder `output`, with nbest pairs per input line (an empty line: one empty pair), and
-    {split}.scores.gz holding each pair's score (nan for greedy search and sampling, which are unscored). Sampling
-    draws chunk i's translations with seed + i, so a resumed run writes what an unbroken one does. `min_score`:
-    pairs scored below it are left out (with length_penalty=1, a score is the log-probability per token), and
-    counted in {split}.translation.json. `about`: what else that file records (the command's settings)."""
-    folder, src, tgt = Path(output), translator.data["src"], translator.data["tgt"]
+@dataclass(frozen=True)
+class CorpusOutput:
+    """Where translate output= writes and how: the corpus folder, its split's name, the lines per chunk (a killed run
+    resumes at its first missing chunk), and the score below which pairs are left out (None: none are)."""
+
+    folder: str
+    split: str = "train"
+    chunk_lines: int = 10_000
+    min_score: float | None = None
+
+
+def translate_corpus(translator: Translator, input_path: str, output: CorpusOutput, decoding: Decoding, precision: str,
+                     about: dict | None = None) -> Path:  # fmt: skip
+    """The corpus folder output.folder, with decoding.nbest pairs per input line (an empty line: one empty pair),
+    and {split}.scores.gz holding each pair's score (nan for greedy search and sampling, which are unscored).
+    Sampling draws chunk i's translations with seed + i, so a resumed run writes what an unbroken one does.
+    output.min_score: pairs scored below it are left out (with length_penalty=1, a score is the log-probability per
+    token), and counted in {split}.translation.json. `about`: what else that file records (the command's settings)."""
+    search, nbest, tag = decoding.search, decoding.nbest, decoding.tag
+    split, chunk_lines, min_score = output.split, output.chunk_lines, output.min_score
+    folder, src, tgt = Path(output.folder), translator.data["src"], translator.data["tgt"]
     if min_score is not None and (search.beam_size == 1 or search.sampling_topk):
         raise ValueError(f"min_score={min_score} filters by beam search's scores; greedy search and sampling score "
                          "nothing: set beam_size to 2 or more, or drop min_score")  # fmt: skip

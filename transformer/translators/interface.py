@@ -55,6 +55,16 @@ def decoded_nbest(tokenizer: SentencePiece, texts: list[str], found: list[list[t
     return [[(0.0, "")] if not text.strip() else hyps for text, hyps in zip(texts, translated)]
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How sentences are searched: the search, how many hypotheses each keeps, and the corpus tag put before each
+    source. The server batches requests together only when these are equal."""
+
+    search: SearchConfig
+    nbest: int = 1
+    tag: str | None = None
+
+
 class Translator(Protocol):
     """A trained model with its own tokenizers, whichever engine runs it."""
 

@@ -33,17 +33,3 @@ def _pack(x: Tensor, layout: SequenceLayout | None) -> Tensor:
         values = values.index_select(0, layout.index)  # (total, nh, hs)
         packed = torch.nested.nested_tensor_from_jagged(values, layout.offsets, min_seqlen=1, max_seqlen=layout.longest)
     return packed.transpose(1, 2)  # (B, nh, j, hs)
-
-
-def padding_free_attention(q: Tensor, k: Tensor, v: Tensor, keys: SequenceLayout, queries: SequenceLayout | None,
-                           dropout_p: float) -> Tensor:  # fmt: skip
-    """SDPA over each sequence's real tokens only, as nested jagged tensors: no mask at all, so that the fused kernels
-    stay eligible (on a GPU, flash attention over variable lengths). q, k, v are (B, nh, T, hs); keys (and queries,
-    in self-attention) say where the real tokens are. Returns (B, nh, L, hs), zero at padded queries (which nothing
-    downstream reads)."""
-    y = F.scaled_dot_product_attention(_pack(q, queries), _pack(k, keys), _pack(v, keys), dropout_p=dropout_p)
-    y = y.transpose(1, 2).values()  # (total queries, nh, hs)
-    B, H, L, hs = q.shape
-    if queries is not None:
-        y = y.new_zeros(B * L, H, hs).index_copy(0, queries.index, y)  # (B*L, nh, hs)
-    return y.view(B, L, H, hs).transpose(1, 2)  # (B, nh, L, hs)
