@@ -70,11 +70,12 @@ def test_group_files_hold_no_copy_of_a_default():
             for parent in values.get("defaults", []):  # a preset extending another: its changes to that one
                 if (CONFIGS / group / f"{parent}.yaml").exists():
                     base |= leaves(yaml.safe_load((CONFIGS / group / f"{parent}.yaml").read_text()))
+            corpus = asdict(CorpusConfig(path="x"))
             for key, value in leaves(values).items():
+                against = base
                 if group == "data" and key.startswith("corpora."):  # an added corpus: against CorpusConfig's defaults
-                    key = key.split(".", 2)[2]
-                    base = asdict(CorpusConfig(path="x"))
-                assert key in base and value != base[key], f"{path}: {key}={value!r}"
+                    key, against = key.split(".", 2)[2], corpus
+                assert key in against and value != against[key], f"{path}: {key}={value!r}"
     for path in sorted((CONFIGS / "model").glob("*.yaml")):
         assert set(leaves(yaml.safe_load(path.read_text()))) == {"size"}, path
 
@@ -82,8 +83,12 @@ def test_group_files_hold_no_copy_of_a_default():
 @pytest.mark.parametrize("path", sorted((CONFIGS / "experiment").glob("*.yaml")) + [CONFIGS / "debug" / "fast.yaml"],
                          ids=lambda p: p.stem)  # fmt: skip
 def test_experiment_files_hold_only_what_they_change(path):
-    base = leaves(compose("train", []))
-    for key, value in leaves(yaml.safe_load(path.read_text())).items():
+    """Against the config its own group choices make (`override /data: mix_de_en`...), not the plain default."""
+    values = yaml.safe_load(path.read_text())
+    choices = [f"{key.split()[1].lstrip('/')}={option}" for entry in values.get("defaults", []) if isinstance(entry, dict)
+               for key, option in entry.items() if key.startswith("override ")]  # fmt: skip
+    base = leaves(compose("train", choices))
+    for key, value in leaves(values).items():
         assert base.get(key, "(unset)") != value, f"{path}: {key}={value!r} is already the default"
 
 
