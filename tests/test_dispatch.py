@@ -126,23 +126,26 @@ def test_the_kernel_order_is_set_once_around_the_encoder_and_once_around_the_dec
     assert len(entered) == (2 + 12 if checkpointed else 2)
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("chunk_rows", [None, 7], ids=["one-chunk", "chunked"])
-def test_the_fused_output_layer_and_loss_equal_pytorchs_in_float64(monkeypatch, chunk_rows):
+def test_the_fused_output_layer_and_loss_equal_pytorchs_in_float64(monkeypatch, chunk_rows, bias):
     torch.manual_seed(0)
     N, d, vocab, pad = 50, 16, 37, 3
     if chunk_rows:
         monkeypatch.setattr(fused, "CHUNK_ELEMENTS", chunk_rows * vocab)
     x = torch.randn(N, d, dtype=torch.float64, requires_grad=True)
     w = torch.randn(vocab, d, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(vocab, dtype=torch.float64, requires_grad=True) if bias else None  # Marian's final_logits_bias
+    params = (x, w) if b is None else (x, w, b)
     labels = torch.randint(0, vocab, (N,))
     labels[::6] = pad  # rows that count for nothing
-    want = F.cross_entropy(F.linear(x, w), labels, ignore_index=pad, label_smoothing=0.1, reduction="sum")
-    got = fused.linear_cross_entropy(x, w, labels, 0.1, pad)
+    want = F.cross_entropy(F.linear(x, w, b), labels, ignore_index=pad, label_smoothing=0.1, reduction="sum")
+    got = fused.linear_cross_entropy(x, w, labels, 0.1, pad, b)
     torch.testing.assert_close(got, want)
-    for g, h in zip(torch.autograd.grad(2.5 * got, (x, w)), torch.autograd.grad(2.5 * want, (x, w))):
+    for g, h in zip(torch.autograd.grad(2.5 * got, params), torch.autograd.grad(2.5 * want, params)):
         torch.testing.assert_close(g, h)
     with torch.no_grad():
-        torch.testing.assert_close(fused.linear_cross_entropy(x, w, labels, 0.1, pad), want)
+        torch.testing.assert_close(fused.linear_cross_entropy(x, w, labels, 0.1, pad, b), want)
 
 
 def test_the_fused_loss_computes_no_gradient_without_grad_mode_and_leaves_float16_to_the_plain_one():

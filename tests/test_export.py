@@ -71,6 +71,12 @@ VARIANTS = {
     "separate vocabularies": {"share_embeddings": False, "tie_output": False, "src_vocab_size": 37},
     "learned positions": {"positions": "learned", "max_positions": 64},
     "GELU": {"activation": "gelu"},
+    "Marian's: post-LN, swish, output bias, sines then cosines": {
+        "norm_first": False,
+        "activation": "swish",
+        "output_bias": True,
+        "positions": "sinusoidal_concat",
+    },
 }
 
 
@@ -83,7 +89,7 @@ def test_every_supported_variant_scores_targets_as_the_model(variant, tmp_path):
     model = build_model(cfg).eval()
     with torch.no_grad():  # non-trivial norms, so that mixing up two of them shows
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name == "output.bias":
                 p.add_(torch.randn_like(p) * 0.3)
     src_vocab, tgt_vocab = pieces(cfg.src_vocab_size), pieces(cfg.tgt_vocab_size)
     spec = ctranslate2_spec(cfg, model.state_dict(), src_vocab, tgt_vocab, SPECIAL)

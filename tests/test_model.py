@@ -26,6 +26,7 @@ VARIANTS = [
     {"positions": "learned", "activation": "gelu"},
     {"share_embeddings": False, "tie_output": False, "tgt_vocab_size": 31},
     {"window": 2},
+    {"norm_first": False, "activation": "swish", "output_bias": True, "positions": "sinusoidal_concat"},  # Marian's
 ]
 
 
@@ -88,6 +89,31 @@ def test_sinusoidal_positions_follow_the_paper():
     assert "src_embed.positions" not in model.state_dict()  # rebuilt from the config, not saved
 
 
+def test_sinusoidal_concat_positions_are_marians():
+    """Marian's table as Hugging Face's MarianSinusoidalPositionalEmbedding writes it: pos / 10000^(2 (j // 2) / d)
+    for feature j, the sines of the even features in the first half, the cosines of the odd ones in the second."""
+    pe = tiny(positions="sinusoidal_concat").src_embed.positions
+    n, d = pe.shape
+    angle = torch.tensor(
+        [[pos / 10000 ** (2 * (j // 2) / d) for j in range(d)] for pos in range(n)], dtype=torch.float64
+    )
+    marian = torch.cat([torch.sin(angle[:, 0::2]), torch.cos(angle[:, 1::2])], dim=1).float()
+    torch.testing.assert_close(pe, marian, rtol=0, atol=1e-5)
+
+
+def test_swish_and_an_output_bias_are_what_they_say():
+    model = tiny(activation="swish", output_bias=True)
+    ff, x = model.encoder.layers[0].ff, torch.randn(2, 3, 32)
+    torch.testing.assert_close(ff(x), ff.fc2(ff.fc1(x) * torch.sigmoid(ff.fc1(x))))
+    assert model.output.bias is not None and not model.output.bias.any()  # zeros at first, as the other biases
+    with torch.no_grad():
+        model.output.bias.normal_()
+        src, tgt = tokens([5, 3], 5), tokens([4, 2], 4)
+        shifted = model(src, tgt) - model.output.bias  # (B, T, V): the logits less the bias
+        model.output.bias.zero_()
+        torch.testing.assert_close(shifted, model(src, tgt))
+
+
 def test_attention_layers_are_state_dict_compatible_with_torch():
     model = tiny()
     for module in model.modules():
@@ -114,8 +140,8 @@ def test_named_sizes_and_config_errors():
         ModelConfig.from_size("tiny", src_vocab_size=8, tgt_vocab_size=8, pad_id=0, d_model=30)
     with pytest.raises(ValueError, match="share_embeddings needs one vocabulary"):
         ModelConfig.from_size("tiny", src_vocab_size=8, tgt_vocab_size=9, pad_id=0)
-    with pytest.raises(ValueError, match="activation='swish' is not one of relu, gelu"):
-        ModelConfig.from_size("tiny", src_vocab_size=8, tgt_vocab_size=8, pad_id=0, activation="swish")
+    with pytest.raises(ValueError, match="activation='tanh' is not one of relu, gelu, swish"):
+        ModelConfig.from_size("tiny", src_vocab_size=8, tgt_vocab_size=8, pad_id=0, activation="tanh")
     with pytest.raises(ValueError, match="pad_id=8 is outside src_vocab_size=8"):
         ModelConfig.from_size("tiny", src_vocab_size=8, tgt_vocab_size=8, pad_id=8)
 
@@ -187,7 +213,9 @@ def test_padding_free_attention_gives_the_same_logits_and_gradients():
 def test_loss_from_logits_at_real_tokens_equals_the_loss_over_all_positions():
     """The training loss computes logits only where the target is not padding; the loss and every gradient
     must equal cross-entropy over all positions with padding ignored."""
-    model = tiny(share_embeddings=False, tie_output=False, tgt_vocab_size=31).train()
+    model = tiny(share_embeddings=False, tie_output=False, tgt_vocab_size=31, output_bias=True).train()
+    with torch.no_grad():
+        model.output.bias.normal_()  # the fused loss's bias and its gradient too
     src, tgt = tokens([7, 2, 5], 7), tokens([4, 6, 3], 6, vocab=31)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     grads = []

@@ -40,7 +40,8 @@ def ctranslate2_spec(cfg: ModelConfig, weights: dict[str, Tensor], src_pieces: l
     from ctranslate2.specs import common_spec, transformer_spec
 
     supported(cfg)
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[cfg.activation]
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                  "swish": common_spec.Activation.SWISH}[cfg.activation]  # fmt: skip
     spec = transformer_spec.TransformerSpec.from_config(
         (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first, activation=activation
     )
@@ -67,6 +68,8 @@ def ctranslate2_spec(cfg: ModelConfig, weights: dict[str, Tensor], src_pieces: l
         _cross_attention(layer.attention, w, f"{scope}.cross_attn", f"{scope}.cross_attn_block.norm")
         _feed_forward(layer.ffn, w, scope, f"{scope}.ff_block.norm")
     decoder.projection.weight = w["output.weight"]
+    if cfg.output_bias:
+        decoder.projection.bias = w["output.bias"]
 
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = special["unk"], special["bos"], special["eos"]
@@ -82,7 +85,7 @@ def _positions(cfg: ModelConfig, w: dict[str, np.ndarray]) -> dict[str, np.ndarr
         return {name: w[f"{name}.positions"] for name in ("src_embed", "tgt_embed")}
     from ..model.embedding import sinusoidal_table
 
-    table = sinusoidal_table(cfg.max_positions, cfg.d_model).numpy()
+    table = sinusoidal_table(cfg.max_positions, cfg.d_model, concat=cfg.positions == "sinusoidal_concat").numpy()
     return {"src_embed": table, "tgt_embed": table}
 
 

@@ -9,8 +9,8 @@ import torch
 from ..config.check import check_field_types
 from .kernels.backends import SDPA_BACKENDS
 
-ACTIVATIONS = ("relu", "gelu")
-POSITIONS = ("sinusoidal", "learned")
+ACTIVATIONS = ("relu", "gelu", "swish")
+POSITIONS = ("sinusoidal", "sinusoidal_concat", "learned")
 
 # Named sizes; any field can still be overridden. base is the paper's, big its big model.
 MODEL_SIZES = {
@@ -37,12 +37,15 @@ class ModelConfig:
     attention_dropout: float = 0.0  # attention probabilities
     activation_dropout: float = 0.0  # inside the feed-forward block
     token_dropout: float = 0.0  # whole input tokens' embeddings, source and target (word dropout)
-    activation: str = "relu"  # the feed-forward activation: relu or gelu
+    activation: str = "relu"  # the feed-forward activation: relu, gelu or swish (x * sigmoid(x), Marian's)
     norm_first: bool = True  # pre-LayerNorm; False is the 2017 paper's post-LayerNorm
-    positions: str = "sinusoidal"  # position embeddings: sinusoidal or learned
+    # position embeddings: sinusoidal (the paper's, sines and cosines interleaved), sinusoidal_concat (the same
+    # waves, all sines then all cosines: Marian's), or learned
+    positions: str = "sinusoidal"
     max_positions: int = 1024  # the longest sequence the position table covers
     share_embeddings: bool = True  # one table for source and target tokens (joint vocabulary)
     tie_output: bool = True  # output projection = target embedding table
+    output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
     window: int | None = None  # self-attention sees keys within this many positions
 
     def __post_init__(self):

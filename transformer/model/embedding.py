@@ -9,13 +9,16 @@ from torch import Tensor, nn
 from .dropout import Dropout
 
 
-def sinusoidal_table(length: int, d_model: int) -> Tensor:
-    """The paper's PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), (length, d)."""
+def sinusoidal_table(length: int, d_model: int, concat: bool = False) -> Tensor:
+    """The paper's PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), (length, d); with `concat` the
+    same waves laid out as Marian's: every sine (ceil(d/2) of them), then every cosine."""
     pos = torch.arange(length, dtype=torch.float64)[:, None]
     inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    sines, cosines = torch.sin(pos * inv_freq), torch.cos(pos * inv_freq[: d_model // 2])  # (length, ceil, floor)
+    if concat:
+        return torch.cat([sines, cosines], dim=1).float()  # (length, d)
     table = torch.zeros(length, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(pos * inv_freq)
-    table[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
+    table[:, 0::2], table[:, 1::2] = sines, cosines
     return table.float()
 
 
@@ -27,17 +30,18 @@ class Embeddings(nn.Module):
     as Nematus's dropout_source / dropout_target.
     """
 
-    def __init__(self, tokens: nn.Embedding, max_positions: int, learned_positions: bool, dropout: float,
+    def __init__(self, tokens: nn.Embedding, max_positions: int, positions: str, dropout: float,
                  token_dropout: float = 0.0):  # fmt: skip
         super().__init__()
         d_model = tokens.embedding_dim
         self.tokens = tokens
         self.scale = math.sqrt(d_model)
         self.max_positions = max_positions
-        if learned_positions:
+        if positions == "learned":
             self.positions = nn.Parameter(torch.empty(max_positions, d_model))
         else:  # not a parameter, and not saved: rebuilt from the config
-            self.register_buffer("positions", sinusoidal_table(max_positions, d_model), persistent=False)
+            table = sinusoidal_table(max_positions, d_model, concat=positions == "sinusoidal_concat")
+            self.register_buffer("positions", table, persistent=False)
         self.dropout = Dropout(dropout)
         self.token_dropout = token_dropout
 

@@ -29,7 +29,7 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.activation = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+        self.activation = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}[cfg.activation]()
         self.dropout = Dropout(cfg.activation_dropout)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
 

@@ -169,9 +169,8 @@ class EncoderDecoder(nn.Module):
         x = self._decoder_states(tgt, memory, cross_mask, where=where)
         if labels is None:
             return self.output(x)
-        if self.output.bias is not None:
-            raise ValueError("linear_cross_entropy takes an output layer without bias")
-        return linear_cross_entropy(x.flatten(0, -2), self.output.weight, labels, label_smoothing, self.pad_id)
+        return linear_cross_entropy(x.flatten(0, -2), self.output.weight, labels, label_smoothing, self.pad_id,
+                                    self.output.bias)  # fmt: skip
 
     def _encoder_mask(self, layout: SequenceLayout, src: Tensor) -> AttentionMask:
         if self.window is None:
@@ -206,7 +205,6 @@ class EncoderDecoder(nn.Module):
 def build_model(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> EncoderDecoder:
     """The model `cfg` describes, run as `runtime` says (default RuntimeConfig())."""
     runtime = runtime or RuntimeConfig()
-    learned = cfg.positions == "learned"
     checkpointed = runtime.activation_checkpointing
     src_tokens = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
     tgt_tokens = (
@@ -219,9 +217,9 @@ def build_model(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> Encod
     model = EncoderDecoder(
         encoder=Encoder([EncoderLayer(cfg, runtime) for _ in range(cfg.n_encoder_layers)], final_norm(), checkpointed),
         decoder=Decoder([DecoderLayer(cfg, runtime) for _ in range(cfg.n_decoder_layers)], final_norm(), checkpointed),
-        src_embed=Embeddings(src_tokens, cfg.max_positions, learned, cfg.dropout, cfg.token_dropout),
-        tgt_embed=Embeddings(tgt_tokens, cfg.max_positions, learned, cfg.dropout, cfg.token_dropout),
-        output=nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False),
+        src_embed=Embeddings(src_tokens, cfg.max_positions, cfg.positions, cfg.dropout, cfg.token_dropout),
+        tgt_embed=Embeddings(tgt_tokens, cfg.max_positions, cfg.positions, cfg.dropout, cfg.token_dropout),
+        output=nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias),
         pad_id=cfg.pad_id,
         window=cfg.window,
         padding_free=runtime.padding_free_attention,
