@@ -40,6 +40,14 @@ def best_teacher(out: Path, single: bool) -> str:
     return max(candidates, key=lambda name: found[name]["val"]["bleu"])
 
 
+def wall_clock(path: Path) -> tuple[str, list[str]]:
+    """A wall_clock_s file, a line per start of a training or a corpus translation (its seconds, then its machine),
+    as (the minutes of all starts, or ?; the machines, in order)."""
+    starts = [line.partition(" ") for line in path.read_text().splitlines()] if path.exists() else []
+    minutes = f"{sum(int(seconds) for seconds, _, _ in starts) / 60:.1f}" if starts else "?"
+    return minutes, list(dict.fromkeys(on or "?" for _, _, on in starts))
+
+
 def gate_bleu(folder: Path) -> str:
     """The export's BLEU in its parity gate's beam search (the checkpoint's in brackets)."""
     beam = json.loads((folder / "model_card.json").read_text())["parity"]["searches"][-1]
@@ -130,10 +138,9 @@ def main() -> None:
             checkpoint = load_checkpoint(str(last)) if last.exists() else {}
             steps.append(str(checkpoint.get("global_step", "?")))
             precisions[checkpoint.get("precision", "?")] = None
-            wall = run / "wall_clock_s"  # a line per start of the training command: seconds, then the machine
-            starts = [line.partition(" ") for line in wall.read_text().splitlines()] if wall.exists() else []
-            minutes.append(f"{sum(int(seconds) for seconds, _, _ in starts) / 60:.1f}" if starts else "?")
-            machines.update((on or "?", None) for _, _, on in starts)
+            spent, on = wall_clock(run / "wall_clock_s")
+            minutes.append(spent)
+            machines.update(dict.fromkeys(on))
         trained_on = f"{' / '.join(machines) or '?'}, {' / '.join(precisions)}"
         cells = [f"{by_split[s]['bleu']:.2f} | {by_split[s]['chrf']:.2f}" if s in by_split else "|" for s in splits]
         print(f"| {name} | {' + '.join(steps)} | {' + '.join(minutes)} | {trained_on} | " + " | ".join(cells) + " |")
@@ -144,16 +151,17 @@ def main() -> None:
         print("| corpus | lines | pairs | search | minutes | on |\n|---|---:|---:|---|---:|---|")
         for card, wall in translations:
             record = json.loads(card.read_text())
-            starts = [line.partition(" ") for line in wall.read_text().splitlines()] if wall.exists() else []
-            minutes = f"{sum(int(seconds) for seconds, _, _ in starts) / 60:.1f}" if starts else "?"
+            minutes, on = wall_clock(wall)
             search = record["search"]
             how = (
                 f"sampling (top-k {search['sampling_topk']})"
                 if search["sampling_topk"]
                 else f"beam {search['beam_size']}"
             )
-            on = " / ".join(dict.fromkeys(machine for _, _, machine in starts)) or "?"
-            print(f"| {card.parent.name} | {record['lines']:,} | {record['pairs']:,} | {how} | {minutes} | {on} |")
+            print(
+                f"| {card.parent.name} | {record['lines']:,} | {record['pairs']:,} | {how} | {minutes} | "
+                f"{' / '.join(on) or '?'} |"
+            )
     rates = {}
     if args.speed:
         sources = read_lines(Path(args.speed))[: args.speed_sentences or None]
