@@ -101,7 +101,14 @@ def measure(args) -> dict:
 
         def run(todo):
             return ctranslate2_search(
-                exported.engine, *exported.pieces, todo, search, exported.eos_piece, exported.use_vmap
+                exported.engine,
+                *exported.pieces,
+                todo,
+                search,
+                exported.eos_piece,
+                exported.use_vmap,
+                exported.barred,
+                exported.max_positions,
             )  # a shortlisted folder decodes with its shortlist
 
     seconds, found = timed(run, sources, sources[:16], reps)

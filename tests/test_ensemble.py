@@ -48,13 +48,15 @@ def test_an_ensemble_of_a_model_with_itself_is_that_model(checkpoints, search):
     assert scores(found) == pytest.approx(scores(want), abs=1e-5, nan_ok=True)  # greedy's: nan, unscored
 
 
-def teacher_forced_score(models, src: torch.Tensor, tokens: list[int], bos: int, eos: int, penalty: float) -> float:
+def teacher_forced_score(models, src: torch.Tensor, tokens: list[int], bos: int, eos: int, penalty: float,
+                         barred: tuple[int, ...]) -> float:  # fmt: skip
     """A finished hypothesis's score from whole-sequence forwards, no caches: per step, the log-softmax of the mean
-    of the models' log-probabilities, summed over its tokens and EOS, over length ** penalty."""
+    of the models' log-probabilities over the tokens a translation may hold (not `barred`), summed over its tokens
+    and EOS, over length ** penalty."""
     tgt_in = torch.tensor([[bos, *tokens]])  # (1, T)
     with torch.no_grad():
         mean = torch.stack([torch.log_softmax(m(src, tgt_in).float(), -1) for m in models]).mean(0)  # (1, T, V)
-    lprobs = torch.log_softmax(mean, -1)[0]  # (T, V)
+    lprobs = torch.log_softmax(mean.index_fill(-1, torch.tensor(barred), float("-inf")), -1)[0]  # (T, V)
     steps, targets = torch.arange(len(tokens) + 1), torch.tensor([*tokens, eos])
     return lprobs[steps, targets].sum().item() / (len(tokens) + 1) ** penalty
 
@@ -75,7 +77,8 @@ def test_beam_scores_are_the_averaged_log_probabilities_of_each_hypothesis(check
         limit = int(search.max_len_a * len(src[0]) + search.max_len_b)
         for hypothesis in hypotheses:
             if len(hypothesis.tokens) < limit:  # ended with EOS
-                want = teacher_forced_score(ensemble.model.models, src, hypothesis.tokens, bos, eos, 0.6)
+                want = teacher_forced_score(ensemble.model.models, src, hypothesis.tokens, bos, eos, 0.6,
+                                            ensemble.tgt_tokenizer.barred_ids)  # fmt: skip
                 assert hypothesis.score == pytest.approx(want, abs=1e-4)
                 checked += 1
     assert checked >= 30

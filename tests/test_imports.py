@@ -91,7 +91,8 @@ def test_no_module_of_the_package_imports_itself_through_others():
 
 # what users run: the package root holds these and nothing else (export and serve: packages run by __main__)
 COMMANDS = {"transformer.train", "transformer.prepare", "transformer.evaluate", "transformer.translate",
-            "transformer.average", "transformer.export.__main__", "transformer.serve.__main__"}  # fmt: skip
+            "transformer.average", "transformer.import_model", "transformer.export.__main__",
+            "transformer.serve.__main__"}  # fmt: skip
 
 
 def test_the_package_root_holds_the_commands_and_nothing_else():
@@ -109,7 +110,7 @@ def test_every_command_has_a_console_script_that_runs_it():
     section = (PACKAGE.parent / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
     targets = {name: target.split(":") for name, target in re.findall(r'^([\w-]+) = "([\w.:]+)"', section, re.M)}
     assert {module for module, _ in targets.values()} == COMMANDS
-    assert all(name == "transformer-" + module.split(".")[1] for name, (module, _) in targets.items())
+    assert all(name == "transformer-" + module.split(".")[1].replace("_", "-") for name, (module, _) in targets.items())
     found = {name: shutil.which(name) for name in ("transformer-average", "transformer-translate")}
     require(None not in found.values(), "the console scripts", 'install the package: pip install -e ".[dev]"')
     run = subprocess.run([found["transformer-average"], "--help"], capture_output=True, text=True)

@@ -1,26 +1,40 @@
-"""A Marian (OPUS-MT) checkpoint in the Hugging Face format read into this project's model: a tiny MarianMTModel built
-here with random weights (no download), saved with save_pretrained, read back through transformer.pretrained.marian,
-gives the same teacher-forced logits as transformers in float32; what the model cannot represent is refused."""
+"""An OPUS-MT (Marian) model in the Hugging Face format, imported: a tiny MarianMTModel built here (no download) and
+saved with save_pretrained gives, read back by transformer.import_model, the same logits, greedy and beam hypotheses
+as transformers, ids as MarianTokenizer's (where they differ, as explained), never generates <pad>, fine-tunes,
+resumes exactly, exports through the parity gate and serves."""
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 import torch
+from omegaconf import OmegaConf
 
+from transformer.config.schema import ExportConfig
+from transformer.import_model import main as import_model
 from transformer.model import build_model
 from transformer.pretrained.marian import UnsupportedMarian, model_config, read_folder, state_dict
+from transformer.translators import CheckpointTranslator, SearchConfig
 
+from .helpers.marian import CODES, lines, write_opus_mt
 from .helpers.prerequisites import require_module
+from .helpers.runs import RECORD, LossRecorder, callback, run_train
 
 V, PAD, EOS = 50, 49, 0  # OPUS-MT's layout: </s> first, <pad> last, the decoder starting from <pad>
 SETTINGS = dict(vocab_size=V, decoder_vocab_size=V, d_model=16, encoder_layers=2, decoder_layers=2,
                 encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32,
                 activation_function="swish", scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=PAD,
                 eos_token_id=EOS, max_position_embeddings=64)  # fmt: skip
+LIMIT = 30  # tokens a hypothesis may have, EOS included: max_new_tokens there, max_len_b here
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """(the folder save_pretrained wrote, the MarianMTModel): weights drawn wide (N(0, 0.5)), a non-zero output bias,
-    the position table left as Marian builds it."""
+def random_marian(tmp_path_factory):
+    """(the folder save_pretrained wrote, the MarianMTModel): random weights drawn wide (N(0, 0.5)), a non-zero
+    output bias, the position table as Marian builds it."""
     transformers = require_module("transformers", 'pip install -e ".[dev]"')
     torch.manual_seed(0)
     model = transformers.MarianMTModel(transformers.MarianConfig(**SETTINGS)).eval()
@@ -29,13 +43,41 @@ def saved(tmp_path_factory):
             if "embed_positions" not in name:
                 p.normal_(0, 0.5)
         model.final_logits_bias.normal_()
-    folder = tmp_path_factory.mktemp("opus-mt-tiny")
+    folder = tmp_path_factory.mktemp("opus-mt-random")
     model.save_pretrained(folder)
     return folder, model
 
 
-def test_teacher_forced_logits_equal_transformers_in_float32(saved):
-    folder, theirs = saved
+@pytest.fixture(scope="module")
+def opus_mt(tmp_path_factory):
+    """(the OPUS-MT folder, its MarianMTModel, the folder transformer.import_model wrote from it)."""
+    tmp = tmp_path_factory.mktemp("opus-mt")
+    folder, model = write_opus_mt(tmp / "opus-mt-de-en")
+    import_model([str(folder), f"output={tmp / 'imported'}"])
+    return folder, model, tmp / "imported"
+
+
+def marian_tokenizer(folder: Path):
+    return require_module("transformers", 'pip install -e ".[dev]"').MarianTokenizer.from_pretrained(str(folder))
+
+
+def generated(model, tokenizer, texts: list[str], beams: int, length_penalty: float = 1.0,
+              **options) -> list[list[int]]:  # fmt: skip
+    """transformers' generate (with `options`): ids without the decoder start and EOS. At the length limit OPUS-MT's
+    configs force EOS (forced_eos_token_id) where ours cut the hypothesis: generate is asked not to, so that the
+    limit means one thing."""
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, num_beams=beams, max_new_tokens=LIMIT, do_sample=False, early_stopping=False,
+                             length_penalty=length_penalty, forced_eos_token_id=None, **options)  # fmt: skip
+    found = []
+    for row in out[:, 1:].tolist():
+        found.append(row[: row.index(EOS)] if EOS in row else row)  # <pad> after EOS: the batch's padding
+    return found
+
+
+def test_teacher_forced_logits_equal_transformers_in_float32(random_marian):
+    folder, theirs = random_marian
     config, weights = read_folder(folder)
     cfg = model_config(config)
     ours = build_model(cfg).eval()
@@ -62,3 +104,308 @@ def test_what_the_model_cannot_represent_is_refused_in_one_line_naming_the_field
     with pytest.raises(UnsupportedMarian) as refused:
         model_config({**SETTINGS, **change})
     assert str(refused.value).startswith(field) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("beams, length_penalty", [(1, 1.0), (5, 1.0), (5, 0.6), (4, 2.0)])
+def test_greedy_and_beam_hypotheses_equal_generate_on_32_sentences(opus_mt, beams, length_penalty):
+    folder, theirs, imported = opus_mt
+    translator = CheckpointTranslator.from_path(str(imported / "model.ckpt"))
+    texts = lines("de", "val", 32, skip=100)
+    search = SearchConfig(beam_size=beams, length_penalty=length_penalty, max_len_a=0, max_len_b=LIMIT)
+    ours = [hyps[0].tokens for hyps in translator.search(translator.src_tokenizer.encode(texts), search)]
+    assert ours == generated(theirs, marian_tokenizer(folder), texts, beams, length_penalty)
+    assert len({tuple(h) for h in ours}) >= 24  # the sources decode differently
+    assert sum(len(h) < LIMIT for h in ours) >= 8  # and many end with EOS before the limit
+
+
+def foreign_runs_as_unk(ids: list[int], foreign: set[int], unk: int) -> list[int]:
+    """ids with each run of two or more ids unknown to the side's own sentencepiece model (its <unk>, or a character
+    only the other side's has) as one <unk>: what MarianTokenizer makes of such a run (sentencepiece gives it as one
+    unknown piece, whose surface vocab.json lacks)."""
+    out, run = [], []
+    for i in [*ids, None]:
+        if i in foreign:
+            run.append(i)
+            continue
+        out += [unk] if len(run) > 1 else run
+        run = []
+        if i is not None:
+            out.append(i)
+    return out
+
+
+def test_the_tokenizers_ids_are_marians_but_for_runs_of_unknown_characters(opus_mt):
+    folder, _, imported = opus_mt
+    theirs = marian_tokenizer(folder)
+    translator = CheckpointTranslator.from_path(str(imported / "model.ckpt"))
+    vocab = json.loads((folder / "vocab.json").read_text())
+    texts = {"source": lines("de", "val", 300) + lines("fr", "val", 100), "target": lines("en", "val", 300)}
+    texts["source"] += ["", "  two  spaces ", "ünïcödé 😀 ok", "Ωmega 120\xa0cm"]
+    for side, tokenizer in (("source", translator.src_tokenizer), ("target", translator.tgt_tokenizer)):
+        original = spm.SentencePieceProcessor(model_file=str(folder / f"{side}.spm"))
+        known = {original.id_to_piece(i) for i in range(original.get_piece_size())}
+        foreign = {vocab["<unk>"]} | {i for p, i in vocab.items() if len(p) == 1 and p not in known}
+        ours = tokenizer.encode(texts[side])
+        want = (theirs(texts[side]) if side == "source" else theirs(text_target=texts[side]))["input_ids"]
+        assert [foreign_runs_as_unk(x, foreign, vocab["<unk>"]) for x in ours] == [x[:-1] for x in want]  # no </s>
+    changed = sum(a != b[:-1] for a, b in zip(translator.src_tokenizer.encode(texts["source"]),
+                                              theirs(texts["source"])["input_ids"]))  # fmt: skip
+    assert changed <= 5  # such runs are rare: digits the German model lacks, in a few lines
+
+
+def test_language_codes_are_tags_and_special_pieces_in_text_are_text(opus_mt):
+    folder, _, imported = opus_mt
+    theirs = marian_tokenizer(folder)
+    src = CheckpointTranslator.from_path(str(imported / "model.ckpt")).src_tokenizer
+    assert src.tags == list(CODES)
+    for text in (">>fra<< Ein Hund rennt.", ">>deu<<Zwei Männer"):
+        assert src.encode([text]) == [theirs([text])["input_ids"][0][:-1]]  # the code first, one id
+    assert src.encode(["Ein Hund."], tag=">>fra<<") == src.encode([">>fra<< Ein Hund."])  # translate's tag=
+    # MarianTokenizer reads a "</s>" typed in the text as EOS; here it is text, and cannot end a source early
+    assert src.eos_id not in src.encode(["ein </s> Hund"])[0] and theirs.eos_token_id in theirs(["ein </s> Hund"])[
+        "input_ids"][0][:-1]  # fmt: skip
+
+
+def test_target_ids_decode_as_marians_tokenizer_decodes_them(opus_mt):
+    folder, _, imported = opus_mt
+    theirs = marian_tokenizer(folder)
+    tgt = CheckpointTranslator.from_path(str(imported / "model.ckpt")).tgt_tokenizer
+    ids = tgt.encode(lines("en", "test_2016_flickr", 100))
+    ids = [x for x in ids if tgt.unk_id not in x]  # <unk>: ours writes ⁇ (sentencepiece's), theirs drops it
+    assert len(ids) >= 90 and tgt.decode(ids) == theirs.batch_decode(ids, skip_special_tokens=True)
+
+
+def test_import_writes_a_checkpoint_every_command_takes_and_refuses_bad_input_in_one_line(opus_mt, tmp_path, capsys):
+    from transformer.training import TranslationModule
+
+    folder, _, imported = opus_mt
+    module = TranslationModule.load_from_checkpoint(str(imported / "model.ckpt"))  # alone, as a training's
+    assert module.model_config.output_bias and module.model_config.positions == "sinusoidal_concat"
+    checkpoint = torch.load(imported / "model.ckpt", weights_only=True)
+    assert checkpoint["data"]["src"] == "de" and checkpoint["data"]["tgt"] == "en"
+    assert sorted(p.name for p in (imported / "tokenizer").iterdir()) == ["spm.de.model", "spm.en.model"]
+    nameless = tmp_path / "nameless"
+    shutil.copytree(folder, nameless)
+    (nameless / "tokenizer_config.json").unlink()
+    for argv, message in (
+        ([str(folder)], "output=DIR is required"),
+        ([str(folder), "out=x"], "'out=x' is not one of output=..., src=..., tgt=..."),
+        ([str(tmp_path / "none"), "output=x"], "is neither a folder nor a hub model name"),
+        ([str(nameless), f"output={tmp_path / 'x'}"], "does not name its languages"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            import_model(argv)
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    import_model([str(nameless), f"output={tmp_path / 'named'}", "src=de", "tgt=en"])
+    assert (tmp_path / "named" / "model.ckpt").is_file()
+
+
+@pytest.fixture(scope="module")
+def pad_loving(opus_mt, tmp_path_factory):
+    """(the OPUS-MT folder and model with <pad>'s output bias at +50, the most likely token at every step unless
+    barred; the folder transformer.import_model wrote from it)."""
+    transformers = require_module("transformers", 'pip install -e ".[dev]"')
+    folder, _, _ = opus_mt
+    tmp = tmp_path_factory.mktemp("pad-loving")
+    changed = shutil.copytree(folder, tmp / "opus-mt-de-en")
+    model = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, model.config.pad_token_id] = 50.0
+    model.save_pretrained(changed)
+    import_model([str(changed), f"output={tmp / 'imported'}"])
+    return changed, model, tmp / "imported"
+
+
+def test_pad_is_never_generated_by_greedy_beam_sampling_or_the_export(pad_loving, tmp_path):
+    from transformer.export.__main__ import export
+    from transformer.translators import CTranslate2Translator
+    from transformer.translators.ctranslate2 import ctranslate2_nbest
+
+    folder, model, imported = pad_loving
+    translator = CheckpointTranslator.from_path(str(imported / "model.ckpt"))
+    pad = translator.tgt_tokenizer.pad_id
+    texts = lines("de", "val", 16, skip=100)
+    ids = translator.src_tokenizer.encode(texts)
+    searches = [
+        SearchConfig(beam_size=1, max_len_a=0, max_len_b=LIMIT),
+        SearchConfig(beam_size=4),
+        SearchConfig(beam_size=1, sampling_topk=-1),
+    ]
+    found = {
+        search: [h.tokens for hyps in translator.search(ids, search, nbest=1) for h in hyps] for search in searches
+    }
+    assert all(pad not in tokens for hypotheses in found.values() for tokens in hypotheses)
+    # greedy bars it as generate does, given OPUS-MT's generation config: bad_words_ids=[[<pad>]]
+    assert found[searches[0]] == generated(model, marian_tokenizer(folder), texts, 1, bad_words_ids=[[pad]])
+    (tmp_path / "src.txt").write_text("\n".join(texts) + "\n")
+    config = OmegaConf.create({**asdict(ExportConfig(ckpt_path=str(imported / "model.ckpt"))),
+                               "output": str(tmp_path / "ct2"), "parity_input": str(tmp_path / "src.txt")})  # fmt: skip
+    exported, failure = export(config)
+    assert failure is None  # CTranslate2 bars <pad> as our searches do: the same hypotheses, greedy and beam 5
+    engine = CTranslate2Translator(exported)
+    for search in searches[:2]:
+        hypotheses = ctranslate2_nbest(engine.engine, *engine.pieces, ids, search, engine.eos_piece, 1,
+                                       barred=engine.barred, max_positions=engine.max_positions)  # fmt: skip
+        assert all(pad not in tokens for hyps in hypotheses for _, tokens in hyps)
+
+
+def write_multi30k_sample(folder: Path) -> Path:
+    """400 training pairs of Multi30k (not those the model was trained on), 40 val, 40 test: a domain's corpus."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for lang in ("de", "en"):
+        for split, n, skip in (("train", 400, 5000), ("val", 40, 0), ("test", 40, 0)):
+            corpus_split = "test_2016_flickr" if split == "test" else split
+            (folder / f"{split}.{lang}").write_text("\n".join(lines(lang, corpus_split, n, skip)) + "\n")
+    return folder
+
+
+def fine_tuning(imported: Path, corpus: Path, cache: Path) -> list[str]:
+    return [f"init_from={imported}", f"data.path={corpus}", f"data.cache_dir={cache}", "data.test_split=test",
+            "data.max_length=100", "data.max_tokens=600", "model.dropout=0.0", "optim.lr=0.003",
+            "optim.warmup_steps=4", "optim.ema_decay=0.99", "trainer.precision=32-true", "trainer.max_steps=12",
+            "trainer.val_check_interval=6", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+            "validation.bleu_max_sentences=8", *RECORD]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(opus_mt, tmp_path_factory):
+    """(the imported folder, the corpus, A: 12 steps of fine-tuning uninterrupted, B: the same stopped by SIGTERM in
+    step 7 and resumed with ckpt_path=last, the module's temporary folder)."""
+    _, _, imported = opus_mt
+    tmp = tmp_path_factory.mktemp("fine-tuning")
+    corpus = write_multi30k_sample(tmp / "corpus")
+    common = fine_tuning(imported, corpus, tmp / "cache")
+    a = run_train(tmp / "a", common)
+    with pytest.raises(SystemExit):
+        run_train(tmp / "b", [*common, "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
+                              "+callbacks.signal_at.step=6"])  # fmt: skip
+    b = run_train(tmp / "b", [*common, "ckpt_path=last"])
+    return imported, corpus, a, b, tmp
+
+
+def held_out_loss(checkpoint: Path, corpus: Path) -> float:
+    """Cross-entropy per target token of the corpus's val pairs, teacher-forced, with the checkpoint's model."""
+    translator = CheckpointTranslator.from_path(str(checkpoint))
+    src_tok, tgt_tok = translator.src_tokenizer, translator.tgt_tokenizer
+    sources = src_tok.encode((corpus / "val.de").read_text().splitlines())
+    targets = tgt_tok.encode((corpus / "val.en").read_text().splitlines())
+    pad = torch.nn.utils.rnn.pad_sequence
+    src = pad([torch.tensor(s + [src_tok.eos_id]) for s in sources], True, src_tok.pad_id)  # (B, S)
+    tgt_in = pad([torch.tensor([tgt_tok.bos_id, *t]) for t in targets], True, tgt_tok.pad_id)  # (B, T)
+    labels = pad([torch.tensor([*t, tgt_tok.eos_id]) for t in targets], True, -100)  # (B, T)
+    with torch.no_grad():
+        logits = translator.model(src, tgt_in)  # (B, T, V)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
+
+
+def test_fine_tuning_starts_from_the_imported_model_lowers_the_loss_and_resumes_exactly(fine_tuned):
+    imported, corpus, a, b, tmp = fine_tuned
+    losses, resumed = callback(a, LossRecorder), callback(b, LossRecorder)
+    steps = sorted(losses.losses)
+    assert steps == list(range(1, 13)) and sorted(resumed.losses) == list(range(8, 13))
+    before, after = (held_out_loss(path, corpus) for path in (imported / "model.ckpt", tmp / "a" / "checkpoints" /
+                                                                   "last.ckpt"))  # fmt: skip
+    assert after < before - 0.05, (before, after)
+    for step, loss in resumed.losses.items():
+        assert resumed.batches[step] == losses.batches[step] and loss == pytest.approx(losses.losses[step], rel=1e-6)
+    for (name, p), q in zip(a.lightning_module.named_parameters(), b.lightning_module.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+    imported_ckpt = torch.load(imported / "model.ckpt", weights_only=True)
+    checkpoint = torch.load(tmp / "a" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["model"] == {**imported_ckpt["hyper_parameters"]["model"], "dropout": 0.0}
+    assert checkpoint["tokenizers"] == imported_ckpt["tokenizers"] and "ema_state_dict" in checkpoint
+    assert not list((tmp / "cache").rglob("*.model"))  # no vocabulary trained: the imported one encodes the corpus
+    assert {p.read_bytes() for p in (tmp / "a" / "tokenizer").iterdir()} == set(imported_ckpt["tokenizers"].values())
+    assert losses.losses[1] < 5.0  # from the imported weights: random ones of 443 pieces start near ln 443 = 6.1
+
+
+def test_a_fine_tuned_model_averages_exports_through_the_gate_and_serves(fine_tuned, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from transformer.export.__main__ import export
+    from transformer.serve.__main__ import load_models
+    from transformer.serve.app import create_app
+    from transformer.serve.config import ServeConfig
+    from transformer.training.averaging import average_checkpoints, checkpoints_in
+
+    imported, corpus, _, _, tmp = fine_tuned
+    averaged = average_checkpoints(checkpoints_in(tmp / "a" / "checkpoints", 2))
+    torch.save(averaged, tmp_path / "average.pt")
+    config = OmegaConf.create(
+        {**asdict(ExportConfig(ckpt_path=str(tmp_path / "average.pt"))), "output": str(tmp_path / "ct2")}
+    )  # fmt: skip  (gated on the corpus's test split)
+    exported, failure = export(config)
+    assert failure is None
+    sources = (corpus / "test.de").read_text().splitlines()[:3]
+    for path in (imported / "model.ckpt", exported):  # the imported model as it is, the fine-tuned one exported
+        (model,) = load_models(ServeConfig(models=[str(path)]))
+        with TestClient(create_app([model], ServeConfig(models=[model.path]))) as api:
+            answer = api.post("/translate", json={"q": sources, "source": "de", "target": "en"})
+        assert answer.status_code == 200
+        assert answer.json()["translatedText"] == model.translator.translate(sources, SearchConfig(beam_size=4))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [(["model.d_model=64"], "model.d_model=64 but init_from="),
+     (["data.src=en", "data.tgt=de"], "translates de->en, but data.src=en data.tgt=de"),
+     (["init_from=/nonexistent"], "init_from=/nonexistent: no such checkpoint")],
+)  # fmt: skip
+def test_init_from_refuses_what_cannot_start_from_the_model_in_one_line(opus_mt, overrides, message, tmp_path):
+    from .helpers.runs import run_command
+
+    _, _, imported = opus_mt
+    result = run_command(f"init_from={imported}", f"hydra.run.dir={tmp_path / 'run'}", "data.max_length=100",
+                         *overrides)  # fmt: skip
+    assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (
+        result.stderr[-2000:])  # fmt: skip
+
+
+def test_train_ckpt_path_on_an_imported_model_starts_from_its_weights(opus_mt, tmp_path):
+    _, _, imported = opus_mt
+    corpus = write_multi30k_sample(tmp_path / "corpus")
+    options = [o for o in fine_tuning(imported, corpus, tmp_path / "cache") if not o.startswith("init_from")]
+    trainer = run_train(tmp_path / "run", [*options, f"ckpt_path={imported / 'model.ckpt'}", "trainer.max_steps=2"])
+    assert trainer.global_step == 2 and callback(trainer, LossRecorder).losses[1] < 5.0  # the imported weights
+    assert (tmp_path / "run" / "tokenizer" / "spm.de.model").read_bytes() == (
+        imported / "tokenizer" / "spm.de.model").read_bytes()  # fmt: skip
+
+
+def test_a_hub_name_downloads_the_safetensors_weights_and_tokenizer_files_only(opus_mt, monkeypatch):
+    """No download here: huggingface_hub's two calls are stood in for, and what they are asked is checked."""
+    import huggingface_hub
+
+    from transformer.import_model import local_folder
+
+    folder, _, _ = opus_mt
+    asked = {}
+
+    def snapshot_download(name, allow_patterns):
+        asked[name] = allow_patterns
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda name: ["model.safetensors", "pytorch_model.bin",
+                                                                           "tf_model.h5", "vocab.json"])  # fmt: skip
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert local_folder("Helsinki-NLP/opus-mt-de-en") == folder
+    patterns = asked["Helsinki-NLP/opus-mt-de-en"]
+    assert "model.safetensors" in patterns and not {"pytorch_model.bin", "tf_model.h5"} & set(patterns)
+    assert {"config.json", "source.spm", "target.spm", "vocab.json"} <= set(patterns)
+
+
+@pytest.mark.slow  # two DDP ranks in subprocesses
+def test_fine_tuning_under_ddp_starts_both_ranks_from_the_imported_model(opus_mt, tmp_path):
+    from .helpers.runs import run_command
+
+    _, _, imported = opus_mt
+    corpus = write_multi30k_sample(tmp_path / "corpus")
+    options = [o for o in fine_tuning(imported, corpus, tmp_path / "cache") if o not in RECORD]
+    result = run_command(*options, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_steps=4",
+                         "trainer.val_check_interval=2", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MEMBER: 2/2" in result.stderr + result.stdout
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 4
+    before = held_out_loss(imported / "model.ckpt", corpus)
+    assert held_out_loss(tmp_path / "run" / "checkpoints" / "last.ckpt", corpus) < before

@@ -65,6 +65,9 @@ class TrainConfig:
     # launches, one recording per batch shape, so it needs data.length_rungs) or max-autotune
     compile_mode: str | None = None
     ckpt_path: str | None = None  # resume: a checkpoint file, or `last` (the run folder's checkpoints/last.ckpt)
+    # start from a model: a folder transformer.import_model wrote, or a checkpoint; its architecture, weights and
+    # tokenizers, a fresh optimizer (model.dropout and the like may change). A resumed run gives it again.
+    init_from: str | None = None
 
 
 @dataclass(frozen=True)

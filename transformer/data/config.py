@@ -64,6 +64,10 @@ class DataConfig(CorpusConfig):
     tgt: str = "en"  # the target language
     vocab_size: int = 8000  # sentencepiece pieces (of the joint model, or of each language's)
     joint_vocab: bool = True  # one sentencepiece model for both languages
+    # a folder of sentencepiece models to encode with instead of training them (vocab_size, joint_vocab and
+    # tokenizer_type then do not apply): spm.model for both languages, or spm.{src}.model and spm.{tgt}.model, as a
+    # run folder's tokenizer/ or transformer.import_model's output holds them; train's init_from sets it
+    tokenizer: str | None = None
     tokenizer_type: str = "unigram"  # the sentencepiece model: unigram or bpe
     tokenizer_sentences: int = 500_000  # the tokenizer trains on at most this many sentences, sampled by the mix
     max_length: int = 250  # training pairs with more tokens on either side are dropped

@@ -29,7 +29,7 @@ from .cleaning import CONTROL, DROP_REASONS, clean, empty, length_stats, record_
 from .config import CorpusConfig, DataConfig
 from .mixing import Mixture, mixture_shares
 from .sources import LARGE, DataError, load_corpus, progress_bars_if_large
-from .tokenizer import SentencePiece, train_sentencepiece
+from .tokenizer import SentencePiece, train_sentencepiece, vocabulary_fingerprint
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 4  # bump when the encoded layout or cleaning changes, so old caches are not reused
@@ -102,8 +102,24 @@ def _rows(ds: datasets.Dataset, index: np.ndarray, columns: tuple[str, ...]) -> 
     return texts
 
 
+def given_tokenizers(cfg: DataConfig) -> tuple[Path, Path]:
+    """The sentencepiece model files of data.tokenizer's folder: (source, target)."""
+    folder = Path(cfg.tokenizer)
+    joint = folder / "spm.model"
+    if joint.is_file():
+        return joint, joint
+    files = folder / f"spm.{cfg.src}.model", folder / f"spm.{cfg.tgt}.model"
+    if not all(f.is_file() for f in files):
+        raise DataError(f"data.tokenizer={cfg.tokenizer} holds neither spm.model nor both {files[0].name} and "
+                        f"{files[1].name}; give a folder of this run's languages' sentencepiece models")  # fmt: skip
+    return files
+
+
 def _tokenizers(cfg: DataConfig, trains: list[datasets.Dataset], shares: np.ndarray,
                 folder: Path) -> tuple[SentencePiece, SentencePiece, bool]:  # fmt: skip
+    if cfg.tokenizer is not None:
+        return *(SentencePiece(path) for path in given_tokenizers(cfg)), True
+
     def train(columns: tuple[str, ...], name: str) -> SentencePiece:
         sentences = _tokenizer_sentences(trains, shares, cfg.tokenizer_sentences, columns, cfg.seed)
         return train_sentencepiece(sentences, folder / name, cfg.vocab_size, cfg.tokenizer_type, cfg.tags(),
@@ -231,8 +247,12 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
         fingerprints.append((name, fingerprint, corpus.train_split, corpus.weight, corpus.tag))
     trains = [loaded[name][c.train_split] for name, c in corpora.items()]
     shares = mixture_shares([len(t) for t in trains], [c.weight for c in corpora.values()], cfg.temperature)
-    tok_key = _key(FORMAT_VERSION, fingerprints, cfg.temperature, cfg.tokenizer_sentences, cfg.src, cfg.tgt,
-                   cfg.vocab_size, cfg.joint_vocab, cfg.tokenizer_type)  # fmt: skip
+    if cfg.tokenizer is None:
+        tok_key = _key(FORMAT_VERSION, fingerprints, cfg.temperature, cfg.tokenizer_sentences, cfg.src, cfg.tgt,
+                       cfg.vocab_size, cfg.joint_vocab, cfg.tokenizer_type)  # fmt: skip
+    else:  # the given models' contents, wherever they are
+        given = [vocabulary_fingerprint(path.read_bytes()) for path in given_tokenizers(cfg)]
+        tok_key = _key(FORMAT_VERSION, fingerprints, cfg.src, cfg.tgt, "given", *given)
     tok_folder = Path(cfg.cache_dir) / f"{'+'.join(corpora)}.{cfg.src}-{cfg.tgt}.{tok_key}"
     src_tok, tgt_tok, tok_reused = _tokenizers(cfg, trains, shares, tok_folder)
 

@@ -30,6 +30,12 @@ class SentencePiece:
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
 
+    @property
+    def barred_ids(self) -> tuple[int, ...]:
+        """The ids no translation holds, which searches never generate: pad, and BOS (one id in a Marian model's
+        tokenizer, whose decoder starts from <pad>)."""
+        return tuple(dict.fromkeys(i for i in (self.pad_id, self.bos_id) if i >= 0))
+
     @functools.cached_property
     def byte_ids(self) -> tuple[int, ...]:
         """The byte-fallback pieces (<0x00>..<0xFF>): alone or out of order, a byte decodes to U+FFFD."""
@@ -42,9 +48,10 @@ class SentencePiece:
         proto.ParseFromString(self.sp.serialized_model_proto())
         return proto.trainer_spec
 
-    @property
+    @functools.cached_property
     def tags(self) -> list[str]:
-        """The reserved pieces (sentencepiece's user-defined symbols) that mark a corpus, e.g. <bt>."""
+        """The reserved pieces (sentencepiece's user-defined symbols) that mark a corpus, e.g. <bt>, or a Marian
+        model's target language, e.g. >>fra<<."""
         return list(self._trainer_spec().user_defined_symbols)
 
     def tag_id(self, tag: str) -> int:
@@ -57,8 +64,14 @@ class SentencePiece:
         return self.sp.piece_to_id(tag)
 
     def encode(self, texts: list[str], tag: str | None = None) -> list[list[int]]:
-        """Token ids per text, without special tokens; a corpus tag's id first when given (as in training)."""
+        """Token ids per text, without special tokens; a corpus tag's id first when given (as in training). A text
+        that starts with a reserved piece (`<bt> ...`, Marian's `>>fra<< ...`) is encoded as that tag given apart,
+        so that the tag is one id, not preceded by a word boundary's."""
         ids = self.sp.encode(texts)
+        for i, text in enumerate(texts) if self.tags else ():
+            leading = next((t for t in self.tags if text.startswith(t)), None)
+            if leading is not None:
+                ids[i] = [self.sp.piece_to_id(leading)] + self.sp.encode(text[len(leading) :])
         if tag is None:
             return ids
         first = [self.tag_id(tag)]

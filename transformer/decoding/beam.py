@@ -1,5 +1,6 @@
 """Batched beam search: one encoder pass, then one decoder step per target token for all beams at once."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ def beam_search(
     nbest: int = 1,
     use_cache: bool = True,
     early_stopping: bool = False,
+    barred: Sequence[int] = (),
 ) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses per sentence of a batch of right-padded sources (B, S), best first.
 
@@ -62,7 +64,10 @@ def beam_search(
 
     Hypotheses returned for a sentence are distinct; `tokens` holds no EOS (a hypothesis shorter
     than the maximum length ended with EOS). beam_size=1 gives greedy_search's tokens, for any
-    length_penalty. Like greedy_search, no token is barred (not even pad). With use_cache each
+    length_penalty. `barred` ids (pad, BOS: SentencePiece.barred_ids) are never generated: their logits are
+    -inf before the log-softmax, as CTranslate2 disables tokens (Hugging Face's generate sets their log-probabilities
+    to -inf after it: the same hypotheses where a model gives them negligible probability, as a trained one does,
+    having never seen them as labels). With use_cache each
     step feeds only the newest token and the decoder keeps its keys/values (reordered to follow
     the surviving beams); without, it feeds the whole prefix (slower, for checks). Put the model
     in eval mode first; an enclosing autocast applies as usual.
@@ -83,13 +88,17 @@ def beam_search(
     scores[:, 0] = 0.0  # one live beam per sentence on the first step
     cache = model.new_cache() if use_cache else None
     C = min(2 * K, K * model.tgt_vocab_size)  # candidates per sentence and step
+    barred_ids = torch.tensor(barred, dtype=torch.long, device=device)  # (k,) once, not every step
     for t in range(steps):
         tgt = prefix[:, -1:] if use_cache else prefix
         logits = model.decode(tgt, memory, src_layout, cache)[:, -1]  # (n*K, V); (n, V) at t = 0
         if t == 0:
             logits, prefix = expand_to_beams(K, logits, prefix, cache)
         n = len(rows)
-        top_scores, source, token = candidates(scores, logits.float().view(n, K, -1), C)  # (n, C) each, best first
+        logits = logits.float()  # (n*K, V)
+        if barred:
+            logits = logits.index_fill(1, barred_ids, float("-inf"))
+        top_scores, source, token = candidates(scores, logits.view(n, K, -1), C)  # (n, C) each, best first
         is_eos = token.eq(eos_id)
 
         # the best K candidates that end, with EOS or at the sentence's maximum length, join its finished

@@ -1,6 +1,6 @@
 """Batched greedy decoding: one encoder pass, then one decoder step per target token."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -19,6 +19,7 @@ def greedy_search(
     max_len_b: int = MAX_LEN_B,
     use_cache: bool = True,
     next_token: Callable[[Tensor], Tensor] | None = None,
+    barred: Sequence[int] = (),
 ) -> list[list[int]]:
     """Most likely next token at each step, for a batch of right-padded sources (B, S).
 
@@ -29,7 +30,7 @@ def greedy_search(
     keys/values; without, it feeds the whole prefix (slower, for checks). Finished sentences
     leave the batch. Put the model in eval mode first; an enclosing autocast applies as usual.
     `next_token`: logits (n, V) -> the tokens (n,) chosen; the most likely by default, sampling.sampled_token to
-    sample.
+    sample. `barred`: ids never generated (pad, BOS: SentencePiece.barred_ids), their logits -inf.
     """
     B = src.size(0)
     memory, src_layout = model.encode(src)  # (B, S, d), B rows
@@ -39,9 +40,12 @@ def greedy_search(
     rows = torch.arange(B, device=src.device)  # (n,) batch index of each unfinished sentence
     prefix = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (n, t + 1)
     cache = model.new_cache() if use_cache else None
+    barred_ids = torch.tensor(barred, dtype=torch.long, device=src.device)  # (k,) once, not every step
     for t in range(steps):
         tgt = prefix[:, -1:] if use_cache else prefix
         logits = model.decode(tgt, memory, src_layout, cache)[:, -1]  # (n, V)
+        if barred:
+            logits = logits.index_fill(1, barred_ids, float("-inf"))
         token = logits.argmax(dim=-1) if next_token is None else next_token(logits)  # (n,)
         out[rows, t] = token
         prefix = torch.cat([prefix, token[:, None]], dim=1)

@@ -45,8 +45,9 @@ def parity(translator: CheckpointTranslator, engine, sources: list[str], referen
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     ids = src.encode(sources, tag)
     ours = [h[0].tokens if h else [] for h in translator.search(ids, search)]
-    theirs = ctranslate2_search(engine, src.pieces(), tgt.pieces(), ids, search, tgt.sp.id_to_piece(tgt.eos_id),
-                                use_vmap)  # fmt: skip
+    pieces = tgt.pieces()
+    theirs = ctranslate2_search(engine, src.pieces(), pieces, ids, search, pieces[tgt.eos_id], use_vmap,
+                                [pieces[i] for i in tgt.barred_ids], translator.model_config.max_positions)  # fmt: skip
     name = "greedy" if search.beam_size == 1 else f"beam {search.beam_size}, length_penalty {search.length_penalty}"
     bleu = BLEU()
     scores = [None, None] if references is None else [bleu.corpus_score(tgt.decode(h), [references]).score

@@ -5,6 +5,7 @@ all cosines. What OPUS-MT configs hold that the model cannot represent is refuse
 Plain PyTorch and JSON: `transformers` is not needed."""
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -92,7 +93,10 @@ def state_dict(hf: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
 
 def read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
     """(config.json, the weights) of a folder save_pretrained wrote: model.safetensors, or pytorch_model.bin."""
-    config = json.loads((folder / "config.json").read_text())
+    config = _json(folder / "config.json")
+    if config.get("model_type", "marian") != "marian":
+        raise UnsupportedMarian(f"model_type={config['model_type']!r} in {folder}/config.json: only Marian (OPUS-MT) "
+                                "models are imported")  # fmt: skip
     if (folder / "model.safetensors").exists():
         from safetensors.torch import load_file  # the Hugging Face format's own reader, as its loader does
 
@@ -101,3 +105,99 @@ def read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
         return config, torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     raise FileNotFoundError(f"{folder} holds neither model.safetensors nor pytorch_model.bin; give the folder "
                             "save_pretrained wrote (config.json beside the weights)")  # fmt: skip
+
+
+LANGUAGE_CODE = re.compile(r">>\S+<<")  # a multilingual model's target language, first in the source: >>fra<<
+SPECIAL = {"</s>": "CONTROL", "<pad>": "CONTROL", "<unk>": "UNKNOWN"}
+
+
+def sentencepiece_with_ids(spm: bytes, vocab: dict[str, int], size: int, side: str) -> bytes:
+    """One side's sentencepiece model (source.spm or target.spm) rewritten so that its ids are vocab.json's (the ids
+    the model's embeddings are indexed by): piece i of the result is vocab.json's id i. This side's own pieces keep
+    their scores (the same segmentation); vocab.json's other pieces (the other language's) are unused, never
+    produced, but for single characters, which stand where this side's <unk> would; </s> is EOS, <pad> both pad and BOS (Marian's decoder starts from <pad>), <unk> unknown; the language
+    codes (>>fra<<) are reserved pieces, this project's tags. Ids from len(vocab) to `size` (the embeddings' rows)
+    are unused pieces. A piece of this side that vocab.json lacks cannot be produced (Marian's tokenizer produces
+    it and looks up <unk>)."""
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    for token in SPECIAL:
+        if token not in vocab:
+            raise UnsupportedMarian(
+                f"vocab.json has no {token}: this tokenizer is not Marian's; give an OPUS-MT folder"
+            )
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise UnsupportedMarian("vocab.json's ids are not 0..N-1 without gaps; this tokenizer is not Marian's")
+    if len(vocab) > size:
+        raise UnsupportedMarian(f"vocab.json holds {len(vocab)} pieces but {side} vocab_size={size}")
+    original = model_pb2.ModelProto()
+    original.ParseFromString(spm)
+    Piece = model_pb2.ModelProto.SentencePiece
+    own = {p.piece: p for p in original.pieces if p.type in (Piece.NORMAL, Piece.USER_DEFINED)}
+    lowest = min((p.score for p in own.values()), default=0.0)
+    proto = model_pb2.ModelProto()
+    proto.CopyFrom(original)
+    del proto.pieces[:]
+    codes = []
+    for piece, _ in sorted(vocab.items(), key=lambda item: item[1]):
+        if piece in SPECIAL:
+            proto.pieces.add(piece=piece, score=0.0, type=getattr(Piece, SPECIAL[piece]))
+        elif LANGUAGE_CODE.fullmatch(piece) and side == "source":
+            proto.pieces.add(piece=piece, score=0.0, type=Piece.USER_DEFINED)
+            codes.append(piece)
+        elif piece in own:
+            proto.pieces.add(piece=piece, score=own[piece].score, type=own[piece].type)
+        elif len(piece) == 1:  # a character this side's model does not know: Marian's tokenizer looks its surface
+            # up in vocab.json; as a piece scored below all others it stands where <unk> would (only it covers it)
+            proto.pieces.add(piece=piece, score=lowest - 10, type=Piece.NORMAL)
+        else:  # the other language's piece (or a control piece of Marian's own, e.g. <s>)
+            proto.pieces.add(piece=piece, score=0.0, type=Piece.UNUSED)
+    for i in range(len(vocab), size):
+        proto.pieces.add(piece=f"<unused{i}>", score=0.0, type=Piece.UNUSED)
+    spec = proto.trainer_spec
+    spec.unk_id, spec.eos_id, spec.pad_id, spec.bos_id = (vocab[t] for t in ("<unk>", "</s>", "<pad>", "<pad>"))
+    spec.unk_piece, spec.eos_piece, spec.pad_piece, spec.bos_piece = "<unk>", "</s>", "<pad>", "<pad>"
+    spec.byte_fallback = any(p.type == Piece.BYTE for p in proto.pieces)
+    del spec.user_defined_symbols[:]
+    spec.user_defined_symbols.extend(codes)
+    return proto.SerializeToString()
+
+
+def tokenizers(folder: Path, hf: dict, cfg: ModelConfig) -> tuple[bytes, bytes]:
+    """(source, target) sentencepiece models with vocab.json's ids (target_vocab.json's for a model with separate
+    vocabularies): source.spm and target.spm rewritten by sentencepiece_with_ids."""
+    settings = _json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    source_vocab = _json(folder / "vocab.json")
+    target_vocab = _json(folder / "target_vocab.json") if settings.get("separate_vocabs") else source_vocab
+    for name, vocab in (("vocab.json", source_vocab), ("target_vocab.json", target_vocab)):
+        if vocab.get("<pad>") != hf["pad_token_id"]:
+            raise UnsupportedMarian(f"pad_token_id={hf['pad_token_id']} but {name} has <pad> at {vocab.get('<pad>')}; "
+                                    "the tokenizer and the model disagree")  # fmt: skip
+    start = hf.get("decoder_start_token_id", hf["pad_token_id"])
+    if start != hf["pad_token_id"]:
+        raise UnsupportedMarian(f"decoder_start_token_id={start} is not pad_token_id={hf['pad_token_id']}: only "
+                                "Marian's decoder start (<pad>) is imported")  # fmt: skip
+    return (
+        sentencepiece_with_ids(_read(folder / "source.spm"), source_vocab, cfg.src_vocab_size, "source"),
+        sentencepiece_with_ids(_read(folder / "target.spm"), target_vocab, cfg.tgt_vocab_size, "target"),
+    )
+
+
+def languages(folder: Path, name: str) -> tuple[str | None, str | None]:
+    """(source, target) language as the model names them: tokenizer_config.json's source_lang and target_lang, or
+    an OPUS-MT name's (opus-mt-de-en, opus-mt-en-ROMANCE); None where neither says."""
+    settings = _json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    named = re.search(r"opus-mt-(?:tc-(?:big-)?)?([A-Za-z_]+)-([A-Za-z_]+)$", name.rstrip("/"))
+    return (settings.get("source_lang") or (named and named.group(1)) or None,
+            settings.get("target_lang") or (named and named.group(2)) or None)  # fmt: skip
+
+
+def _json(path: Path) -> dict:
+    return json.loads(_read(path))
+
+
+def _read(path: Path) -> bytes:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: an OPUS-MT folder holds config.json, the weights, source.spm, "
+                                "target.spm and vocab.json")  # fmt: skip
+    return path.read_bytes()

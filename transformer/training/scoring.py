@@ -38,7 +38,8 @@ class BleuScorer:
         rows = torch.arange(len(index)) if limit is None else torch.nonzero(index < limit)[:, 0]
         if len(rows):
             tok, cfg = self.tokenizer, self.cfg
-            hypotheses = greedy_search(model, src[rows], tok.bos_id, tok.eos_id, cfg.max_len_a, cfg.max_len_b)
+            hypotheses = greedy_search(model, src[rows], tok.bos_id, tok.eos_id, cfg.max_len_a, cfg.max_len_b,
+                                       barred=tok.barred_ids)  # fmt: skip
             self._hypotheses.update(zip(index[rows].tolist(), hypotheses))
 
     def score(self, world_size: int) -> Score | None:

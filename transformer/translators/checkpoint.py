@@ -138,15 +138,16 @@ class CheckpointTranslator:
             yield batch, src.to(self.device)
 
     def _search(self, src: torch.Tensor, search: SearchConfig, nbest: int = 1, generator=None):
-        bos, eos = self.tgt_tokenizer.bos_id, self.tgt_tokenizer.eos_id
+        tok = self.tgt_tokenizer
+        bos, eos, barred = tok.bos_id, tok.eos_id, tok.barred_ids
         if search.beam_size == 1:  # the same function as validation, so that scores match it (unscored)
-            never = (self.model.pad_id, bos, *self.tgt_tokenizer.byte_ids)
+            never = (*barred, *tok.byte_ids)
             draw = sampled_token(search.sampling_topk, search.temperature, generator, never) if generator else None
             found = greedy_search(self.model, src, bos, eos, search.max_len_a, search.max_len_b, search.use_cache,
-                                  draw)  # fmt: skip
+                                  draw, barred)  # fmt: skip
             return [[Hypothesis(tokens, float("nan"))] for tokens in found]
         return beam_search(
             self.model, src, bos, eos, beam_size=search.beam_size, length_penalty=search.length_penalty,
             max_len_a=search.max_len_a, max_len_b=search.max_len_b, use_cache=search.use_cache,
-            early_stopping=search.early_stopping, nbest=nbest,
+            early_stopping=search.early_stopping, nbest=nbest, barred=barred,
         )  # fmt: skip

@@ -19,38 +19,44 @@ def is_export(path: str | Path) -> bool:
 
 
 def ctranslate2_search(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search,
-                       eos_piece: str, use_vmap: bool = False) -> list[list[int]]:  # fmt: skip
+                       eos_piece: str, use_vmap: bool = False, barred: Sequence[str] = (),
+                       max_positions: int | None = None) -> list[list[int]]:  # fmt: skip
     """The best hypothesis's token ids per source (ids without EOS): ctranslate2_nbest's first."""
-    found = ctranslate2_nbest(engine, src_pieces, tgt_pieces, sources, search, eos_piece, 1, use_vmap)
+    found = ctranslate2_nbest(engine, src_pieces, tgt_pieces, sources, search, eos_piece, 1, use_vmap, barred,
+                              max_positions=max_positions)  # fmt: skip
     return [hyps[0][1] for hyps in found]
 
 
 def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sources: list[list[int]], search,
-                      eos_piece: str, nbest: int, use_vmap: bool = False,
-                      never_sampled: Sequence[str] = ()) -> list[list[tuple[float, list[int]]]]:  # fmt: skip
+                      eos_piece: str, nbest: int, use_vmap: bool = False, barred: Sequence[str] = (),
+                      never_sampled: Sequence[str] = (),
+                      max_positions: int | None = None) -> list[list[tuple[float, list[int]]]]:  # fmt: skip
     """The nbest best hypotheses per source, (score, token ids without EOS), each decoded with SearchConfig `search` and
-    its max-length rule, int(a * (source tokens + EOS) + b). As in our search, EOS may come first
-    (min_decoding_length=0) and counts in the length that normalises scores (return_end_token). CTranslate2 stops a
-    sentence at beam_size finished hypotheses: ours does with search.early_stopping.
+    its max-length rule, int(a * (source tokens + EOS) + b), never beyond the model's max_positions (as our
+    searches). As in our search, EOS may come first (min_decoding_length=0) and counts in the length that normalises
+    scores (return_end_token). CTranslate2 stops a sentence at beam_size finished hypotheses: ours does with
+    search.early_stopping.
 
     CTranslate2 takes one max_decoding_length a call, so all sources decode in one call to the longest limit.
     Greedy hypotheses are then cut at each sentence's own (a greedy prefix does not depend on the limit). A beam
     search depends on its limit only if it reaches it: the search ends on the step its K-th hypothesis finishes,
     and among the K hypotheses returned, the longest (EOS included) finished on that step. A sentence whose
     longest is shorter than its own limit decoded as it would have under it; the few others decode again, one call
-    per limit. use_vmap: each batch's outputs restricted to its shortlist (the folder's vmap.txt). never_sampled:
-    target pieces sampling never draws (our translators': the byte pieces)."""
+    per limit. use_vmap: each batch's outputs restricted to its shortlist (the folder's vmap.txt). barred: target
+    pieces never generated (pad, BOS: as our searches bar them, CTranslate2 disables them before the log-softmax).
+    never_sampled: target pieces sampling never draws besides (our translators': the byte pieces)."""
     limits = [int(search.max_len_a * (len(s) + 1) + search.max_len_b) for s in sources]
+    limits = limits if max_positions is None else [min(limit, max_positions) for limit in limits]
     found: list[list[tuple[float, list[int]]]] = [[] for _ in sources]
     tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
     calls = [(max(limits, default=0), list(range(len(sources))))]
-    sampling = {}
+    sampling = {"suppress_sequences": [[piece] for piece in barred] or None}
     if search.sampling_topk:  # CTranslate2's topk 0 is all tokens, 1 greedy search
         warnings.warn("an exported folder samples from generators that seed= does not reach (CTranslate2 issue "
                       "#1757): its samples differ between runs; sample with the training checkpoint to reproduce "
                       "them", stacklevel=2)  # fmt: skip
         sampling = dict(sampling_topk=max(search.sampling_topk, 0), sampling_temperature=search.temperature,
-                        suppress_sequences=[[piece] for piece in never_sampled] or None)  # fmt: skip
+                        suppress_sequences=[[piece] for piece in (*barred, *never_sampled)] or None)  # fmt: skip
     while calls:
         max_length, group = calls.pop()
         results = engine.translate_batch(
@@ -91,11 +97,13 @@ class CTranslate2Translator:
         self.tgt_tokenizer = SentencePiece(folder / "target.spm.model")
         self.pieces = self.src_tokenizer.pieces(), self.tgt_tokenizer.pieces()
         self.eos_piece = self.pieces[1][self.tgt_tokenizer.eos_id]
+        self.barred = [self.pieces[1][i] for i in self.tgt_tokenizer.barred_ids]  # never generated
         self.byte_pieces = [self.pieces[1][i] for i in self.tgt_tokenizer.byte_ids]  # never sampled
         self.use_vmap = (folder / VMAP_FILE).is_file()  # exported with shortlist=true
         self.data, self.quantization = card["data"], card["quantization"]
         self.trained_precision = "32"  # the folder's own compute type decides; precision= does not apply
-        self.max_source_tokens = card["model"]["max_positions"] - 1  # one position for EOS
+        self.max_positions = card["model"]["max_positions"]
+        self.max_source_tokens = self.max_positions - 1  # one position for EOS
 
     def translate(self, texts: list[str], search, precision: str = "32", target_lengths=None,
                   tag: str | None = None) -> list[str]:  # fmt: skip
@@ -108,5 +116,5 @@ class CTranslate2Translator:
         check_nbest(nbest, search)
         ids = self.src_tokenizer.encode(texts, tag)
         found = ctranslate2_nbest(self.engine, *self.pieces, ids, search, self.eos_piece, nbest, self.use_vmap,
-                                  self.byte_pieces)  # fmt: skip
+                                  self.barred, self.byte_pieces, self.max_positions)  # fmt: skip
         return decoded_nbest(self.tgt_tokenizer, texts, found)
