@@ -5,7 +5,7 @@ resumes exactly, exports through the parity gate and serves."""
 
 import json
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -244,10 +244,28 @@ def test_pad_is_never_generated_by_greedy_beam_sampling_or_the_export(pad_loving
     exported, failure = export(config)
     assert failure is None  # CTranslate2 bars <pad> as our searches do: the same hypotheses, greedy and beam 5
     engine = CTranslate2Translator(exported)
-    for search in searches[:2]:
-        hypotheses = ctranslate2_nbest(engine.engine, *engine.pieces, ids, search, engine.eos_piece, 1,
-                                       barred=engine.barred, max_positions=engine.max_positions)  # fmt: skip
-        assert all(pad not in tokens for hyps in hypotheses for _, tokens in hyps)
+    hypotheses = ctranslate2_nbest(engine.engine, *engine.pieces, ids, searches[1], engine.eos_piece, 1,
+                                   barred=engine.barred, max_positions=engine.max_positions)  # fmt: skip
+    assert all(pad not in tokens for hyps in hypotheses for _, tokens in hyps)
+    for search in (searches[0], replace(searches[1], early_stopping=True)):  # the folder's translator, as served
+        assert engine.translate(texts, search) == translator.translate(texts, search)
+
+
+def test_the_export_decodes_no_further_than_the_models_positions(opus_mt, tmp_path):
+    """128 positions, and a max-length rule that allows more: CTranslate2 has no position beyond the table, so its
+    limit is the model's, as ours is."""
+    from transformer.export.__main__ import export
+    from transformer.translators import CTranslate2Translator
+
+    _, _, imported = opus_mt
+    config = OmegaConf.create({**asdict(ExportConfig(ckpt_path=str(imported / "model.ckpt"))),
+                               "output": str(tmp_path / "ct2"), "max_len_a": 20.0, "beam_size": 1})  # fmt: skip
+    exported, failure = export(config)  # gated on the checkpoint's test split: Multi30k's
+    assert failure is None
+    translator = CheckpointTranslator.from_path(str(imported / "model.ckpt"))
+    texts = lines("de", "val", 8, skip=100)
+    search = SearchConfig(beam_size=1, max_len_a=20.0)
+    assert CTranslate2Translator(exported).translate(texts, search) == translator.translate(texts, search)
 
 
 def write_multi30k_sample(folder: Path) -> Path:
@@ -370,6 +388,96 @@ def test_train_ckpt_path_on_an_imported_model_starts_from_its_weights(opus_mt, t
     assert trainer.global_step == 2 and callback(trainer, LossRecorder).losses[1] < 5.0  # the imported weights
     assert (tmp_path / "run" / "tokenizer" / "spm.de.model").read_bytes() == (
         imported / "tokenizer" / "spm.de.model").read_bytes()  # fmt: skip
+    # resumed without init_from: the run's checkpoint names its tokenizer, which encodes the corpus again
+    resumed = run_train(tmp_path / "run", [*options, "ckpt_path=last", "trainer.max_steps=3"])
+    assert resumed.global_step == 3 and sorted(callback(resumed, LossRecorder).losses) == [3]
+
+
+@pytest.mark.parametrize(
+    "ckpt_path, overrides, message",
+    [("average", [], "would overwrite"), ("imported", ["init_from=x"], "init_from=x is given too; give one")],
+)  # fmt: skip
+def test_a_weights_only_ckpt_path_is_refused_where_it_cannot_start(opus_mt, ckpt_path, overrides, message, tmp_path):
+    from .helpers.runs import run_command
+
+    _, _, imported = opus_mt
+    path = imported / "model.ckpt"
+    if ckpt_path == "average":  # an average in a run's checkpoints/, which hydra.run.dir follows
+        (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+        path = shutil.copy(path, tmp_path / "run" / "checkpoints" / "average.pt")
+    result = run_command(f"ckpt_path={path}", "data.max_length=100", *overrides)
+    assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (
+        result.stderr[-2000:])  # fmt: skip
+
+
+def test_data_tokenizer_encodes_with_given_models_and_refuses_unusable_ones(opus_mt, tmp_path):
+    from transformer.data import DataConfig, DataError
+    from transformer.data.prepare import prepare_data
+
+    from .helpers.marian import train_spm
+
+    _, _, imported = opus_mt
+    corpus = write_multi30k_sample(tmp_path / "corpus")
+    given = DataConfig(path=str(corpus), test_split="test", max_length=100, cache_dir=str(tmp_path / "cache"),
+                       tokenizer=str(imported / "tokenizer"))  # fmt: skip
+    prepared = prepare_data(given)
+    assert not list((tmp_path / "cache").rglob("*.model"))  # nothing trained
+    sources = (corpus / "val.de").read_text().splitlines()
+    assert list(prepared.splits["val"]["src_ids"]) == prepared.src_tokenizer.encode(sources)
+    assert prepared.src_tokenizer.path == imported / "tokenizer" / "spm.de.model"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    train_spm(lines("de") + lines("en"), bad / "spm")  # Marian's own: no pad piece
+    for folder, message in ((tmp_path / "none", "holds neither spm.model nor both spm.de.model and spm.en.model"),
+                            (bad, "has no pad piece, which batches need")):  # fmt: skip
+        with pytest.raises(DataError) as refused:
+            prepare_data(replace(given, tokenizer=str(folder)))
+        assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_model_with_separate_vocabularies_imports_its_logits_and_ids_as_transformers(tmp_path):
+    """target_vocab.json beside vocab.json (tokenizer_config.json: separate_vocabs): two embedding tables, each
+    side's ids its own vocabulary's. Random weights: teacher-forced logits need no trained model."""
+    transformers = require_module("transformers", 'pip install -e ".[dev]"')
+    from .helpers.marian import train_spm
+
+    folder = tmp_path / "opus-mt-de-en"
+    folder.mkdir()
+    vocabs = {}
+    for side, lang, name in (("source", "de", "vocab.json"), ("target", "en", "target_vocab.json")):
+        model = train_spm(lines(lang), tmp_path / side, vocab_size=200 if side == "source" else 180)
+        (folder / f"{side}.spm").write_bytes(model.read_bytes())
+        sp = spm.SentencePieceProcessor(model_file=str(model))
+        vocab = {"</s>": 0, "<unk>": 1, "<pad>": 2}  # <pad> at one id in both, as the model has one pad_token_id
+        for i in range(sp.get_piece_size()):
+            if not (sp.is_control(i) or sp.is_unknown(i)):
+                vocab[sp.id_to_piece(i)] = len(vocab)
+        (folder / name).write_text(json.dumps(vocab, ensure_ascii=False))
+        vocabs[side] = vocab
+    (folder / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True, "source_lang": "de",
+                                                              "target_lang": "en"}))  # fmt: skip
+    torch.manual_seed(0)
+    theirs = transformers.MarianMTModel(transformers.MarianConfig(**{
+        **SETTINGS, "vocab_size": len(vocabs["source"]), "decoder_vocab_size": len(vocabs["target"]),
+        "share_encoder_decoder_embeddings": False, "pad_token_id": 2, "decoder_start_token_id": 2})).eval()  # fmt: skip
+    theirs.save_pretrained(folder)
+    import_model([str(folder), f"output={tmp_path / 'imported'}"])
+    translator = CheckpointTranslator.from_path(str(tmp_path / "imported" / "model.ckpt"))
+    assert not translator.model_config.share_embeddings
+    tokenizer = marian_tokenizer(folder)
+    texts, targets = lines("de", "val", 50), lines("en", "val", 50)
+    src = [x[:-1] for x in tokenizer(texts)["input_ids"]]
+    tgt = [x[:-1] for x in tokenizer(text_target=targets)["input_ids"]]
+    assert translator.src_tokenizer.encode(texts) == src and translator.tgt_tokenizer.encode(targets) == tgt
+    pad = torch.nn.utils.rnn.pad_sequence
+    src_ids = pad([torch.tensor(s + [0]) for s in src[:4]], True, 2)  # (4, S) with </s>
+    tgt_ids = pad([torch.tensor([2, *t]) for t in tgt[:4]], True, 2)  # (4, T) from <pad>, the decoder's start
+    with torch.no_grad():
+        want = theirs(input_ids=src_ids, attention_mask=src_ids.ne(2), decoder_input_ids=tgt_ids).logits
+        got = translator.model(src_ids, tgt_ids)
+    real = tgt_ids.ne(2)
+    real[:, 0] = True
+    torch.testing.assert_close(got[real], want[real], rtol=1e-4, atol=1e-4)  # padded positions: either's own
 
 
 def test_a_hub_name_downloads_the_safetensors_weights_and_tokenizer_files_only(opus_mt, monkeypatch):
@@ -395,7 +503,7 @@ def test_a_hub_name_downloads_the_safetensors_weights_and_tokenizer_files_only(o
 
 
 @pytest.mark.slow  # two DDP ranks in subprocesses
-def test_fine_tuning_under_ddp_starts_both_ranks_from_the_imported_model(opus_mt, tmp_path):
+def test_fine_tuning_from_the_imported_model_runs_under_ddp(opus_mt, tmp_path):
     from .helpers.runs import run_command
 
     _, _, imported = opus_mt
@@ -409,3 +517,19 @@ def test_fine_tuning_under_ddp_starts_both_ranks_from_the_imported_model(opus_mt
     assert checkpoint["global_step"] == 4
     before = held_out_loss(imported / "model.ckpt", corpus)
     assert held_out_loss(tmp_path / "run" / "checkpoints" / "last.ckpt", corpus) < before
+
+
+@pytest.mark.slow  # inductor compiles the forward and backward: about a minute on 2 cores
+def test_a_compiled_bf16_fine_tuning_starts_from_the_imported_weights(opus_mt, tmp_path):
+    """compile=true compiles the model after init_from's weights are in it: its checkpoint keeps the plain names, and
+    the held-out loss falls from the imported model's."""
+    _, _, imported = opus_mt
+    corpus = write_multi30k_sample(tmp_path / "corpus")
+    options = [o for o in fine_tuning(imported, corpus, tmp_path / "cache") if o != "trainer.precision=32-true"]
+    run_train(tmp_path / "run", [*options, "compile=true", "data.length_rungs=8", "trainer.precision=bf16-mixed",
+                                 "trainer.limit_val_batches=0", "optim.ema_decay=null"])  # fmt: skip
+    torch._dynamo.reset()
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    names = torch.load(last, weights_only=True)["state_dict"].keys()
+    assert names == torch.load(imported / "model.ckpt", weights_only=True)["state_dict"].keys()
+    assert held_out_loss(last, corpus) < held_out_loss(imported / "model.ckpt", corpus)

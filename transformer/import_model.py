@@ -56,17 +56,26 @@ def local_folder(source: str) -> Path:
                                 "Helsinki-NLP/opus-mt-de-en")  # fmt: skip
     try:
         from huggingface_hub import list_repo_files, snapshot_download
+        from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
     except ImportError:
         raise ValueError('downloading a hub model needs huggingface_hub: pip install -e ".[import]"') from None
     try:
         files = list_repo_files(source)
-    except Exception:  # offline (HF_HUB_OFFLINE=1), say: whichever weights the cache holds
+    except (RepositoryNotFoundError, GatedRepoError) as e:
+        raise FileNotFoundError(f"SOURCE={source}: {type(e).__name__} on the hub (a misspelt name, or a private "
+                                "model without a token: huggingface-cli login); give an OPUS-MT name or a folder") from None  # fmt: skip
+    except Exception:  # offline (HF_HUB_OFFLINE=1, no network): whichever weights the cache holds
         weights = list(WEIGHTS)
     else:
         weights = [name for name in WEIGHTS if name in files][:1]
         if not weights:
             raise FileNotFoundError(f"{source} on the hub has neither {' nor '.join(WEIGHTS)}")
-    return Path(snapshot_download(source, allow_patterns=[*weights, *TOKENIZER_FILES]))
+    try:
+        return Path(snapshot_download(source, allow_patterns=[*weights, *TOKENIZER_FILES]))
+    except Exception as e:  # no network and nothing cached, a hub error: its first line
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise FileNotFoundError(f"SOURCE={source} could not be downloaded ({reason}); check the network, or give a "
+                                "folder save_pretrained wrote") from None  # fmt: skip
 
 
 def checkpoint(folder: Path, name: str, src: str | None, tgt: str | None, tokenizer_dir: Path) -> dict:
@@ -104,8 +113,11 @@ def main(argv: list[str] | None = None) -> None:
         output = Path(options["output"])
         imported = checkpoint(local_folder(source), source, options.get("src"), options.get("tgt"),
                               output / "tokenizer")  # fmt: skip
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # UnsupportedMarian is a ValueError
         exit_with(e)
+    except KeyError as e:
+        exit_with(f"{source} lacks {e} (in config.json or the weights); it is not a Marian model in the Hugging Face "
+                  "format")  # fmt: skip
     write_tokenizers(imported["tokenizers"], imported["data"], output / "tokenizer")
     AtomicCheckpointIO().save_checkpoint(imported, output / "model.ckpt")
     model, data = imported["hyper_parameters"]["model"], imported["data"]

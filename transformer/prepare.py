@@ -50,13 +50,14 @@ def report(prepared: PreparedData, cfg: DataConfig) -> str:
     max_length), lengths, batches per epoch, padding."""
     corpora = cfg.all_corpora()
     tok = prepared.src_tokenizer
+    joint = tok.path == prepared.tgt_tokenizer.path
     rows = [
         f"corpora {', '.join(f'{n} ({c.path})' for n, c in corpora.items())} ({cfg.src}->{cfg.tgt}), "
         f"cache {prepared.folder}" + (" (reused)" if prepared.reused else ""),
-        f"vocabulary: {tok.vocab_size} ({'joint' if cfg.joint_vocab else 'source'})"
-        + ("" if cfg.joint_vocab else f", {prepared.tgt_tokenizer.vocab_size} (target)")
-        + f", {cfg.tokenizer_type}; pad/unk/bos/eos = {tok.pad_id}/{tok.unk_id}/{tok.bos_id}/{tok.eos_id}"
-        + (f"; tags {', '.join(tok.tags)}" if tok.tags else ""),
+        f"vocabulary: {tok.vocab_size} ({'joint' if joint else 'source'})"
+        + ("" if joint else f", {prepared.tgt_tokenizer.vocab_size} (target)")
+        + f", {tok.model_type}{f' from {cfg.tokenizer}' if cfg.tokenizer else ''}; pad/unk/bos/eos = "
+        f"{tok.pad_id}/{tok.unk_id}/{tok.bos_id}/{tok.eos_id}" + (f"; tags {', '.join(tok.tags)}" if tok.tags else ""),
         "",
         *_training_table(prepared, cfg),
         "",

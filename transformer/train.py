@@ -29,14 +29,7 @@ from .model.kernels.rules import check_backend
 from .training import OptimConfig, TranslationModule, ValidationConfig
 from .training.checkpoint import AtomicCheckpointIO, RunFolderLock, check_monitors, disk_full_in_run
 from .training.errors import TrainingError
-from .training.initial import (
-    check_vocabulary,
-    holds_training_state,
-    initial_checkpoint_path,
-    initial_model,
-    initial_weights,
-    with_checkpoint_tokenizers,
-)
+from .training.initial import check_vocabulary, run_start
 from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path
 from .training.strategy import training_strategy
 
@@ -110,19 +103,12 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     optim, validation = OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"])
     runtime, data_config = RuntimeConfig(**plain["runtime"]), DataConfig.from_dict(plain["data"])
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
-    checkpoint = load_checkpoint(ckpt_path) if ckpt_path else None
-    init_from = cfg.init_from
-    if checkpoint is not None and not holds_training_state(checkpoint):  # an imported or averaged model
-        print(f"ckpt_path={ckpt_path} holds weights only (no optimizer state to resume): training starts from them "
-              f"with a fresh optimizer, as init_from={ckpt_path} does", file=sys.stderr)  # fmt: skip
-        init_from, ckpt_path, checkpoint = ckpt_path, None, None
-    initial = load_checkpoint(initial_checkpoint_path(init_from)) if init_from else None
-    if initial is not None:
-        data_config = with_checkpoint_tokenizers(data_config, initial, run_dir / "tokenizer", init_from)
-        architecture = initial_model(initial, plain["model"], init_from)
-    else:  # checked before the precision probe and the data, whose tokenizer and encoding can take minutes: the
-        # vocabulary is a placeholder here, the tokenizer's below
-        architecture = ModelConfig.from_choice(plain["model"], src_vocab_size=2, tgt_vocab_size=2, pad_id=0)
+    start = run_start(cfg.init_from, ckpt_path, load_checkpoint(ckpt_path) if ckpt_path else None, run_dir,
+                      data_config, plain["model"])  # fmt: skip
+    ckpt_path, checkpoint, data_config, initial_weights = start.ckpt_path, start.checkpoint, start.data, start.weights
+    # Checked before the precision probe and the data, whose tokenizer and encoding can take minutes: the vocabulary
+    # is a placeholder here, the tokenizer's below (or the model's the run starts from)
+    architecture = start.model or ModelConfig.from_choice(plain["model"], src_vocab_size=2, tgt_vocab_size=2, pad_id=0)
     check_compile(cfg.compile, cfg.compile_mode, runtime, data_config)
     check_lengths(data_config, architecture)
     trainer_args, precision_note = trainer_arguments(plain["trainer"], runtime, architecture,
@@ -130,16 +116,13 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     pl.seed_everything(cfg.seed, workers=True)
     data = TranslationDataModule(data_config)
     data.setup()
-    if initial is None:
-        model = model_config(plain["model"], data)
-    else:
-        model = architecture
-        src, tgt = data.src_tokenizer, data.tgt_tokenizer
-        check_vocabulary(model, src.vocab_size, tgt.vocab_size, src.pad_id)
+    model = model_config(plain["model"], data) if start.model is None else start.model
+    check_vocabulary(model, data.src_tokenizer, data.tgt_tokenizer)
     module = TranslationModule(**TranslationModule.hyperparameters(model, optim, validation, runtime))
-    if initial is not None:
-        module.model.load_state_dict(initial_weights(initial))  # a resumed run's checkpoint replaces them in fit
-        del initial
+    del start
+    if initial_weights is not None:
+        module.model.load_state_dict(initial_weights)  # a resumed run's checkpoint replaces them in fit
+        del initial_weights
     if checkpoint is not None:
         tokenizers = data.checkpoint_extras()["tokenizers"]  # as this run's checkpoints will hold them
         check_resumable(checkpoint, ckpt_path, model, tokenizers)

@@ -29,7 +29,7 @@ from .cleaning import CONTROL, DROP_REASONS, clean, empty, length_stats, record_
 from .config import CorpusConfig, DataConfig
 from .mixing import Mixture, mixture_shares
 from .sources import LARGE, DataError, load_corpus, progress_bars_if_large
-from .tokenizer import SentencePiece, train_sentencepiece, vocabulary_fingerprint
+from .tokenizer import SentencePiece, train_sentencepiece
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 4  # bump when the encoded layout or cleaning changes, so old caches are not reused
@@ -118,7 +118,16 @@ def given_tokenizers(cfg: DataConfig) -> tuple[Path, Path]:
 def _tokenizers(cfg: DataConfig, trains: list[datasets.Dataset], shares: np.ndarray,
                 folder: Path) -> tuple[SentencePiece, SentencePiece, bool]:  # fmt: skip
     if cfg.tokenizer is not None:
-        return *(SentencePiece(path) for path in given_tokenizers(cfg)), True
+        src, tgt = (SentencePiece(path) for path in given_tokenizers(cfg))
+        for side, tok in (("source", src), ("target", tgt)):
+            missing = [name for name in ("pad", "eos", "bos") if getattr(tok, f"{name}_id") < 0]
+            if missing:
+                raise DataError(f"data.tokenizer={cfg.tokenizer}: the {side} model {tok.path.name} has no "
+                                f"{' or '.join(missing)} piece, which batches need; give models trained with them")  # fmt: skip
+        if src.pad_id != tgt.pad_id:
+            raise DataError(f"data.tokenizer={cfg.tokenizer}: pad is {src.pad_id} in the source model but "
+                            f"{tgt.pad_id} in the target one; the model has one pad id")  # fmt: skip
+        return src, tgt, True
 
     def train(columns: tuple[str, ...], name: str) -> SentencePiece:
         sentences = _tokenizer_sentences(trains, shares, cfg.tokenizer_sentences, columns, cfg.seed)
@@ -250,14 +259,17 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     if cfg.tokenizer is None:
         tok_key = _key(FORMAT_VERSION, fingerprints, cfg.temperature, cfg.tokenizer_sentences, cfg.src, cfg.tgt,
                        cfg.vocab_size, cfg.joint_vocab, cfg.tokenizer_type)  # fmt: skip
-    else:  # the given models' contents, wherever they are
-        given = [vocabulary_fingerprint(path.read_bytes()) for path in given_tokenizers(cfg)]
+    else:  # the given models' whole files (their reserved pieces too), wherever they are
+        given = [hashlib.sha256(path.read_bytes()).hexdigest() for path in given_tokenizers(cfg)]
         tok_key = _key(FORMAT_VERSION, fingerprints, cfg.src, cfg.tgt, "given", *given)
     tok_folder = Path(cfg.cache_dir) / f"{'+'.join(corpora)}.{cfg.src}-{cfg.tgt}.{tok_key}"
     src_tok, tgt_tok, tok_reused = _tokenizers(cfg, trains, shares, tok_folder)
 
     training_text = ["training text"] if cfg.sampling_alpha is not None else []  # the same key as before without
-    folder = tok_folder / f"encoded.{_key(cfg.max_length, cfg.max_length_ratio, *training_text)}"
+    # a text that starts with a reserved piece is encoded as that tag, then the rest (tokenizer.encode): a cache
+    # encoded before, by a tokenizer with reserved pieces, is not reused
+    leading_tags = ["leading tags"] if src_tok.tags or tgt_tok.tags else []
+    folder = tok_folder / f"encoded.{_key(cfg.max_length, cfg.max_length_ratio, *training_text, *leading_tags)}"
     cached = _load_encoded(folder, list(corpora)) if folder.exists() else None
     if cached is None:
         if folder.exists():

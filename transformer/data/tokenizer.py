@@ -67,11 +67,7 @@ class SentencePiece:
         """Token ids per text, without special tokens; a corpus tag's id first when given (as in training). A text
         that starts with a reserved piece (`<bt> ...`, Marian's `>>fra<< ...`) is encoded as that tag given apart,
         so that the tag is one id, not preceded by a word boundary's."""
-        ids = self.sp.encode(texts)
-        for i, text in enumerate(texts) if self.tags else ():
-            leading = next((t for t in self.tags if text.startswith(t)), None)
-            if leading is not None:
-                ids[i] = [self.sp.piece_to_id(leading)] + self.sp.encode(text[len(leading) :])
+        ids = self._with_leading_tags(texts, self.sp.encode, _first)
         if tag is None:
             return ids
         first = [self.tag_id(tag)]
@@ -88,14 +84,37 @@ class SentencePiece:
         """(vocab_size,) each piece's log-probability in a unigram model (0 for byte and special pieces)."""
         return np.array([self.sp.get_score(i) for i in range(self.vocab_size)], np.float32)
 
+    def _with_leading_tags(self, texts: list[str], encode, put_first):
+        """encode(texts), but a text that starts with a reserved piece is put_first(its id, encode(the rest))."""
+        found = encode(texts)
+        tagged = [i for i, text in enumerate(texts) if text.startswith(self.leading)] if self.leading else []
+        if tagged:
+            tags = [next(t for t in self.leading if texts[i].startswith(t)) for i in tagged]
+            rests = encode([texts[i][len(t) :] for i, t in zip(tagged, tags)])  # one call, as for the others
+            for i, t, rest in zip(tagged, tags, rests):
+                found[i] = put_first(self.sp.piece_to_id(t), rest)
+        return found
+
+    @functools.cached_property
+    def leading(self) -> tuple[str, ...]:
+        """The reserved pieces, longest first (of two that start a text alike, the longer is the text's)."""
+        return tuple(sorted(self.tags, key=len, reverse=True))
+
     def nbest(self, text: str, n: int) -> list[np.ndarray]:
-        """A unigram model's n best segmentations of a text, best first (fewer where the text has fewer)."""
-        return self.sp.nbest_encode(text, nbest_size=n, out_type="numpy")
+        """A unigram model's n best segmentations of a text, best first (fewer where the text has fewer); a leading
+        tag as encode takes it."""
+        return self._with_leading_tags(
+            [text], lambda ts: [self.sp.nbest_encode(t, nbest_size=n, out_type="numpy") for t in ts],
+            lambda first, hyps: [np.insert(h, 0, first) for h in hyps],
+        )[0]  # fmt: skip
 
     def sample(self, texts: list[str], alpha: float, nbest_size: int) -> list[list[int]]:
         """One segmentation per text drawn by sentencepiece itself (BPE-dropout, or unigram sampling over the whole
-        lattice): its generator takes no seed, so the draw differs in every process."""
-        return self.sp.encode(texts, enable_sampling=True, alpha=alpha, nbest_size=nbest_size)
+        lattice; a leading tag as encode takes it): its generator takes no seed, so the draw differs in every
+        process."""
+        return self._with_leading_tags(
+            texts, lambda ts: self.sp.encode(ts, enable_sampling=True, alpha=alpha, nbest_size=nbest_size), _first
+        )
 
     def pieces(self) -> list[str]:
         """The piece of each id: what CTranslate2 reads and writes."""
@@ -103,6 +122,10 @@ class SentencePiece:
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return [self.sp.decode(x) for x in ids]  # one by one: sentencepiece reads a batch of empty lists as one
+
+
+def _first(first: int, ids: list[int]) -> list[int]:
+    return [first, *ids]
 
 
 def vocabulary_fingerprint(model: bytes) -> str:

@@ -97,7 +97,7 @@ def beam_search(
         n = len(rows)
         logits = logits.float()  # (n*K, V)
         if barred:
-            logits = logits.index_fill(1, barred_ids, float("-inf"))
+            logits.index_fill_(1, barred_ids, float("-inf"))  # the step's own logits, used once
         top_scores, source, token = candidates(scores, logits.view(n, K, -1), C)  # (n, C) each, best first
         is_eos = token.eq(eos_id)
 

@@ -45,7 +45,7 @@ def greedy_search(
         tgt = prefix[:, -1:] if use_cache else prefix
         logits = model.decode(tgt, memory, src_layout, cache)[:, -1]  # (n, V)
         if barred:
-            logits = logits.index_fill(1, barred_ids, float("-inf"))
+            logits.index_fill_(1, barred_ids, float("-inf"))  # the step's own logits, used once
         token = logits.argmax(dim=-1) if next_token is None else next_token(logits)  # (n,)
         out[rows, t] = token
         prefix = torch.cat([prefix, token[:, None]], dim=1)

@@ -119,6 +119,7 @@ def sentencepiece_with_ids(spm: bytes, vocab: dict[str, int], size: int, side: s
     codes (>>fra<<) are reserved pieces, this project's tags. Ids from len(vocab) to `size` (the embeddings' rows)
     are unused pieces. A piece of this side that vocab.json lacks cannot be produced (Marian's tokenizer produces
     it and looks up <unk>)."""
+    from google.protobuf.message import DecodeError
     from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
     for token in SPECIAL:
@@ -131,7 +132,11 @@ def sentencepiece_with_ids(spm: bytes, vocab: dict[str, int], size: int, side: s
     if len(vocab) > size:
         raise UnsupportedMarian(f"vocab.json holds {len(vocab)} pieces but {side} vocab_size={size}")
     original = model_pb2.ModelProto()
-    original.ParseFromString(spm)
+    try:
+        original.ParseFromString(spm)
+    except DecodeError:
+        raise UnsupportedMarian(f"{side}.spm is not a sentencepiece model; give the folder as save_pretrained wrote "
+                                "it") from None  # fmt: skip
     Piece = model_pb2.ModelProto.SentencePiece
     own = {p.piece: p for p in original.pieces if p.type in (Piece.NORMAL, Piece.USER_DEFINED)}
     lowest = min((p.score for p in own.values()), default=0.0)
@@ -157,7 +162,7 @@ def sentencepiece_with_ids(spm: bytes, vocab: dict[str, int], size: int, side: s
     spec = proto.trainer_spec
     spec.unk_id, spec.eos_id, spec.pad_id, spec.bos_id = (vocab[t] for t in ("<unk>", "</s>", "<pad>", "<pad>"))
     spec.unk_piece, spec.eos_piece, spec.pad_piece, spec.bos_piece = "<unk>", "</s>", "<pad>", "<pad>"
-    spec.byte_fallback = any(p.type == Piece.BYTE for p in proto.pieces)
+    spec.byte_fallback = False  # OPUS-MT's models have no byte pieces: unknown characters are <unk>
     del spec.user_defined_symbols[:]
     spec.user_defined_symbols.extend(codes)
     return proto.SerializeToString()
@@ -193,7 +198,10 @@ def languages(folder: Path, name: str) -> tuple[str | None, str | None]:
 
 
 def _json(path: Path) -> dict:
-    return json.loads(_read(path))
+    try:
+        return json.loads(_read(path))
+    except json.JSONDecodeError as e:
+        raise UnsupportedMarian(f"{path} is not JSON ({e}); give the folder as save_pretrained wrote it") from None
 
 
 def _read(path: Path) -> bytes:

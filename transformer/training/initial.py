@@ -2,13 +2,16 @@
 architecture, weights and tokenizers, with a fresh optimizer, schedule and step count."""
 
 import os
-from dataclasses import replace
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torch import Tensor
 
 from ..data import DataConfig
+from ..data.tokenizer import SentencePiece
 from ..model import ModelConfig
+from .resume import load_checkpoint
 
 # what a fine-tuning may change (model.<field>=... with init_from): regularisation, not the weights' shapes or meaning
 TUNABLE = ("dropout", "attention_dropout", "activation_dropout", "token_dropout")
@@ -32,16 +35,62 @@ def holds_training_state(checkpoint: dict) -> bool:
     return "optimizer_states" in checkpoint
 
 
-def initial_model(checkpoint: dict, choice: dict, init_from: str) -> ModelConfig:
+@dataclass
+class Start:
+    """Where a run starts: the checkpoint it resumes (if any), its data config, and, for a run started from a model
+    (init_from, or resumed after starting so), that model's architecture; with init_from, its weights."""
+
+    ckpt_path: str | None
+    checkpoint: dict | None
+    data: DataConfig
+    model: ModelConfig | None  # None: the `model:` group's choice, sized by the tokenizer
+    weights: dict[str, Tensor] | None  # init_from's, loaded before training (a resumed checkpoint's replace them)
+
+
+def run_start(init_from: str | None, ckpt_path: str | None, checkpoint: dict | None, run_dir: Path, data: DataConfig,
+              choice: dict) -> Start:  # fmt: skip
+    """A checkpoint of weights only given as ckpt_path starts the run as init_from (start_from_weights). A run started
+    from a model takes its architecture and tokenizers; resumed, from its own checkpoint, which names them
+    (data.tokenizer), init_from given again or not."""
+    if checkpoint is not None and not holds_training_state(checkpoint):  # an imported or averaged model
+        init_from, ckpt_path, checkpoint = start_from_weights(ckpt_path, init_from, run_dir), None, None
+    if init_from:
+        source, given = load_checkpoint(initial_checkpoint_path(init_from)), f"init_from={init_from}"
+    elif checkpoint is not None and checkpoint.get("data", {}).get("tokenizer") and data.tokenizer is None:
+        source, given = checkpoint, f"ckpt_path={ckpt_path}"
+    else:
+        return Start(ckpt_path, checkpoint, data, None, None)
+    data = with_checkpoint_tokenizers(data, source, run_dir / "tokenizer", given)
+    weights = initial_weights(source) if init_from else None
+    return Start(ckpt_path, checkpoint, data, initial_model(source, choice, given), weights)
+
+
+def start_from_weights(ckpt_path: str, init_from: str | None, run_dir: Path) -> str:
+    """ckpt_path names a checkpoint of weights only (imported or averaged), which no run can resume: training starts
+    from it as init_from would, in a run folder of its own (not the one it came from, whose checkpoints it would
+    overwrite)."""
+    if init_from is not None:
+        raise ValueError(f"ckpt_path={ckpt_path} holds weights only and init_from={init_from} is given too; give one "
+                         "of them: init_from starts from a model, ckpt_path resumes a run")  # fmt: skip
+    if Path(ckpt_path).resolve().parent.parent == run_dir.resolve():
+        raise ValueError(f"ckpt_path={ckpt_path} holds weights only (no optimizer state to resume), and training from "
+                         f"it here would overwrite {run_dir}'s checkpoints; start a new run from it with "
+                         f"init_from={ckpt_path}")  # fmt: skip
+    print(f"ckpt_path={ckpt_path} holds weights only (no optimizer state to resume): training starts from them "
+          f"with a fresh optimizer, as init_from={ckpt_path} does", file=sys.stderr)  # fmt: skip
+    return ckpt_path
+
+
+def initial_model(checkpoint: dict, choice: dict, given: str) -> ModelConfig:
     """The checkpoint's ModelConfig with the command line's regularisation (TUNABLE) over it. The `model:` group's
     other non-null fields must agree with it: they would change the weights' shapes or meaning."""
     saved = ModelConfig.from_dict(checkpoint["hyper_parameters"]["model"])
-    given = {k: v for k, v in choice.items() if k != "size" and v is not None}
-    for name, value in given.items():
+    overrides = {k: v for k, v in choice.items() if k != "size" and v is not None}
+    for name, value in overrides.items():
         if name not in TUNABLE and value != getattr(saved, name):
-            raise ValueError(f"model.{name}={value} but init_from={init_from} has {name}={getattr(saved, name)}; drop "
-                             f"the override (with init_from only {', '.join(TUNABLE)} may change)")  # fmt: skip
-    return replace(saved, **{k: v for k, v in given.items() if k in TUNABLE})
+            raise ValueError(f"model.{name}={value} but {given} has {name}={getattr(saved, name)}; drop the override "
+                             f"(from a model only {', '.join(TUNABLE)} may change)")  # fmt: skip
+    return replace(saved, **{k: v for k, v in overrides.items() if k in TUNABLE})
 
 
 def initial_weights(checkpoint: dict) -> dict[str, Tensor]:
@@ -49,22 +98,30 @@ def initial_weights(checkpoint: dict) -> dict[str, Tensor]:
     return {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
 
 
-def with_checkpoint_tokenizers(data: DataConfig, checkpoint: dict, folder: Path, init_from: str) -> DataConfig:
+def with_checkpoint_tokenizers(data: DataConfig, checkpoint: dict, folder: Path, given: str) -> DataConfig:
     """data with the checkpoint's sentencepiece models as its tokenizer (data.tokenizer), written into `folder` (the
-    run's tokenizer/): vocabulary training is skipped and the corpus encoded as the model was trained."""
+    run's tokenizer/): vocabulary training is skipped and the corpus encoded as the model was trained. `given`: how
+    the command line named the checkpoint (init_from=PATH), for errors."""
     trained = checkpoint.get("data", {})
     if (trained.get("src"), trained.get("tgt")) != (data.src, data.tgt):
-        raise ValueError(f"init_from={init_from} translates {trained.get('src')}->{trained.get('tgt')}, but data.src="
+        raise ValueError(f"{given} translates {trained.get('src')}->{trained.get('tgt')}, but data.src="
                          f"{data.src} data.tgt={data.tgt}; set data.src={trained.get('src')} "
                          f"data.tgt={trained.get('tgt')}")  # fmt: skip
     if data.tokenizer is not None:
-        raise ValueError(f"data.tokenizer={data.tokenizer} and init_from={init_from}: the model's own tokenizer is "
-                         "used; drop data.tokenizer")  # fmt: skip
+        raise ValueError(f"data.tokenizer={data.tokenizer} and {given}: the model's own tokenizer is used; drop "
+                         "data.tokenizer")  # fmt: skip
+    if "tokenizers" not in checkpoint:
+        raise ValueError(f"{given} holds no tokenizers (it was not written by training or "
+                         "transformer.import_model); give such a checkpoint")  # fmt: skip
     tokenizers = checkpoint["tokenizers"]
     folder.mkdir(parents=True, exist_ok=True)
     joint = tokenizers["src"] == tokenizers["tgt"]
-    for side, lang in (("src", data.src), ("tgt", data.tgt)):
-        path = folder / ("spm.model" if joint else f"spm.{lang}.model")
+    names = {"src": "spm.model", "tgt": "spm.model"} if joint else {"src": f"spm.{data.src}.model",
+                                                                    "tgt": f"spm.{data.tgt}.model"}  # fmt: skip
+    for stale in {"spm.model", f"spm.{data.src}.model", f"spm.{data.tgt}.model"} - set(names.values()):
+        (folder / stale).unlink(missing_ok=True)  # the other layout's, which data.tokenizer would read instead
+    for side in ("src", "tgt"):
+        path = folder / names[side]
         if not path.is_file() or path.read_bytes() != tokenizers[side]:
             tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # its own: every DDP rank writes them
             tmp.write_bytes(tokenizers[side])
@@ -72,8 +129,9 @@ def with_checkpoint_tokenizers(data: DataConfig, checkpoint: dict, folder: Path,
     return replace(data, tokenizer=str(folder))
 
 
-def check_vocabulary(model: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> None:
-    """The tokenizers the data module loaded fit the model's embeddings."""
-    for name, value in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size), ("pad_id", pad_id)):
+def check_vocabulary(model: ModelConfig, src: SentencePiece, tgt: SentencePiece) -> None:
+    """The tokenizers the data module loaded fit the model's embeddings (a model's own do; data.tokenizer's may not)."""
+    for name, value in (("src_vocab_size", src.vocab_size), ("tgt_vocab_size", tgt.vocab_size), ("pad_id", src.pad_id)):
         if getattr(model, name) != value:
-            raise ValueError(f"the tokenizer gives {name}={value} but the initial model has {getattr(model, name)}")
+            raise ValueError(f"the tokenizer gives {name}={value} but the model has {name}={getattr(model, name)}; "
+                             "give the model's own tokenizer")  # fmt: skip
