@@ -184,20 +184,31 @@ def test_import_writes_a_checkpoint_every_command_takes_and_refuses_bad_input_in
     checkpoint = torch.load(imported / "model.ckpt", weights_only=True)
     assert checkpoint["data"]["src"] == "de" and checkpoint["data"]["tgt"] == "en"
     assert sorted(p.name for p in (imported / "tokenizer").iterdir()) == ["spm.de.model", "spm.en.model"]
-    nameless = tmp_path / "nameless"
-    shutil.copytree(folder, nameless)
-    (nameless / "tokenizer_config.json").unlink()
+    damaged = {name: shutil.copytree(folder, tmp_path / name) for name in ("nameless", "weights", "spm", "vocab",
+                                                                           "config")}  # fmt: skip
+    (damaged["nameless"] / "tokenizer_config.json").unlink()
+    (damaged["weights"] / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:100])
+    (damaged["spm"] / "source.spm").write_bytes(b"")
+    (damaged["vocab"] / "vocab.json").write_text("[]")
+    config = json.loads((folder / "config.json").read_text())
+    del config["d_model"]
+    (damaged["config"] / "config.json").write_text(json.dumps(config))
     for argv, message in (
         ([str(folder)], "output=DIR is required"),
         ([str(folder), "out=x"], "'out=x' is not one of output=..., src=..., tgt=..."),
         ([str(tmp_path / "none"), "output=x"], "is neither a folder nor a hub model name"),
-        ([str(nameless), f"output={tmp_path / 'x'}"], "does not name its languages"),
+        ([str(damaged["nameless"]), f"output={tmp_path / 'x'}"], "does not name its languages"),
+        ([str(damaged["weights"]), f"output={tmp_path / 'x'}"], "model.safetensors cannot be read"),
+        ([str(damaged["spm"]), f"output={tmp_path / 'x'}"], "source.spm holds no pieces"),
+        ([str(damaged["vocab"]), f"output={tmp_path / 'x'}"], "vocab.json holds a list, not an object"),
+        ([str(damaged["config"]), f"output={tmp_path / 'x'}"], "lacks 'd_model'"),
     ):
         with pytest.raises(SystemExit) as exited:
             import_model(argv)
         err = capsys.readouterr().err
         assert exited.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
-    import_model([str(nameless), f"output={tmp_path / 'named'}", "src=de", "tgt=en"])
+    assert not (tmp_path / "x").exists()  # nothing written for a refused import
+    import_model([str(damaged["nameless"]), f"output={tmp_path / 'named'}", "src=de", "tgt=en"])
     assert (tmp_path / "named" / "model.ckpt").is_file()
 
 
@@ -408,6 +419,8 @@ def test_a_weights_only_ckpt_path_is_refused_where_it_cannot_start(opus_mt, ckpt
     result = run_command(f"ckpt_path={path}", "data.max_length=100", *overrides)
     assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (
         result.stderr[-2000:])  # fmt: skip
+    if ckpt_path == "average":  # refused before Hydra wrote the refused command's config into that run's folder
+        assert not (tmp_path / "run" / ".hydra").exists()
 
 
 def test_data_tokenizer_encodes_with_given_models_and_refuses_unusable_ones(opus_mt, tmp_path):

@@ -29,8 +29,8 @@ from .model.kernels.rules import check_backend
 from .training import OptimConfig, TranslationModule, ValidationConfig
 from .training.checkpoint import AtomicCheckpointIO, RunFolderLock, check_monitors, disk_full_in_run
 from .training.errors import TrainingError
-from .training.initial import check_vocabulary, run_start
-from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path
+from .training.initial import check_vocabulary, holds_training_state, own_run_folder_refusal, run_start
+from .training.resume import check_resumable, load_checkpoint, peek_checkpoint, resolve_ckpt_path
 from .training.strategy import training_strategy
 
 # ExactResume restores the batch sampler's position itself, which Lightning cannot see.
@@ -177,7 +177,8 @@ def launched_as_rank_zero() -> bool:
 
 
 def check_run_folder_free(cfg) -> None:
-    """Refuse before Hydra writes its .hydra/ and log into a run folder that a running training holds."""
+    """Refuse before Hydra writes its .hydra/ and log into a run folder that a running training holds, or that a
+    weights-only ckpt_path (an average.pt in its checkpoints/) would start a new run in."""
     if cfg is None or not launched_as_rank_zero():  # the other DDP ranks share rank 0's folder
         return
     run_dir = Path(cfg.hydra.run.dir)
@@ -186,6 +187,11 @@ def check_run_folder_free(cfg) -> None:
             RunFolderLock(run_dir).release()
         except TrainingError as e:
             exit_with(e)
+    if cfg.ckpt_path not in (None, "last") and Path(cfg.ckpt_path).is_file():
+        refusal = own_run_folder_refusal(cfg.ckpt_path, run_dir)
+        checkpoint = peek_checkpoint(cfg.ckpt_path) if refusal else {}  # {}: unreadable, which training will say
+        if checkpoint and not holds_training_state(checkpoint):
+            exit_with(refusal)
 
 
 def quiet_full_disk_in_threads(hook):

@@ -97,12 +97,18 @@ def read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
     if config.get("model_type", "marian") != "marian":
         raise UnsupportedMarian(f"model_type={config['model_type']!r} in {folder}/config.json: only Marian (OPUS-MT) "
                                 "models are imported")  # fmt: skip
-    if (folder / "model.safetensors").exists():
-        from safetensors.torch import load_file  # the Hugging Face format's own reader, as its loader does
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if not (folder / name).exists():
+            continue
+        try:
+            if name == "model.safetensors":
+                from safetensors.torch import load_file  # the Hugging Face format's own reader, as its loader does
 
-        return config, load_file(str(folder / "model.safetensors"))
-    if (folder / "pytorch_model.bin").exists():
-        return config, torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+                return config, load_file(str(folder / name))
+            return config, torch.load(folder / name, map_location="cpu", weights_only=True)
+        except Exception as e:  # truncated, corrupt, or not weights: its reader's first line
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UnsupportedMarian(f"{folder / name} cannot be read ({reason}); download it again") from None
     raise FileNotFoundError(f"{folder} holds neither model.safetensors nor pytorch_model.bin; give the folder "
                             "save_pretrained wrote (config.json beside the weights)")  # fmt: skip
 
@@ -139,6 +145,8 @@ def sentencepiece_with_ids(spm: bytes, vocab: dict[str, int], size: int, side: s
                                 "it") from None  # fmt: skip
     Piece = model_pb2.ModelProto.SentencePiece
     own = {p.piece: p for p in original.pieces if p.type in (Piece.NORMAL, Piece.USER_DEFINED)}
+    if not own:
+        raise UnsupportedMarian(f"{side}.spm holds no pieces; give the folder as save_pretrained wrote it")
     lowest = min((p.score for p in own.values()), default=0.0)
     proto = model_pb2.ModelProto()
     proto.CopyFrom(original)
@@ -199,9 +207,13 @@ def languages(folder: Path, name: str) -> tuple[str | None, str | None]:
 
 def _json(path: Path) -> dict:
     try:
-        return json.loads(_read(path))
+        found = json.loads(_read(path))
     except json.JSONDecodeError as e:
         raise UnsupportedMarian(f"{path} is not JSON ({e}); give the folder as save_pretrained wrote it") from None
+    if not isinstance(found, dict):
+        raise UnsupportedMarian(f"{path} holds a {type(found).__name__}, not an object; give the folder as "
+                                "save_pretrained wrote it")  # fmt: skip
+    return found
 
 
 def _read(path: Path) -> bytes:

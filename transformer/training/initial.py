@@ -72,13 +72,23 @@ def start_from_weights(ckpt_path: str, init_from: str | None, run_dir: Path) -> 
     if init_from is not None:
         raise ValueError(f"ckpt_path={ckpt_path} holds weights only and init_from={init_from} is given too; give one "
                          "of them: init_from starts from a model, ckpt_path resumes a run")  # fmt: skip
-    if Path(ckpt_path).resolve().parent.parent == run_dir.resolve():
-        raise ValueError(f"ckpt_path={ckpt_path} holds weights only (no optimizer state to resume), and training from "
-                         f"it here would overwrite {run_dir}'s checkpoints; start a new run from it with "
-                         f"init_from={ckpt_path}")  # fmt: skip
+    refusal = own_run_folder_refusal(ckpt_path, run_dir)
+    if refusal:
+        raise ValueError(refusal)
     print(f"ckpt_path={ckpt_path} holds weights only (no optimizer state to resume): training starts from them "
           f"with a fresh optimizer, as init_from={ckpt_path} does", file=sys.stderr)  # fmt: skip
     return ckpt_path
+
+
+def own_run_folder_refusal(ckpt_path: str, run_dir: Path) -> str | None:
+    """Why a checkpoint of weights only cannot start a run in run_dir (the run it came from, which hydra.run.dir
+    follows for a checkpoint in RUN/checkpoints/, e.g. average.pt: its checkpoints would be overwritten), or None."""
+    if Path(ckpt_path).resolve().parent.parent != run_dir.resolve():
+        return None
+    return (
+        f"ckpt_path={ckpt_path} holds weights only (no optimizer state to resume), and training from it here "
+        f"would overwrite {run_dir}'s checkpoints; start a new run from it with init_from={ckpt_path}"
+    )
 
 
 def initial_model(checkpoint: dict, choice: dict, given: str) -> ModelConfig:

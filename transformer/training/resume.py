@@ -57,6 +57,15 @@ def load_checkpoint(path: str) -> dict:
     return checkpoint
 
 
+def peek_checkpoint(path: str) -> dict:
+    """A checkpoint's top-level contents, its tensors memory-mapped rather than read (cheap for its keys); {} if
+    load_checkpoint would refuse it, which then says why."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return {}
+
+
 def check_resumable(checkpoint: dict, path: str, model: ModelConfig, tokenizers: dict[str, bytes]) -> None:
     """Raise a one-line ValueError if the checkpoint's vocabulary or model differs from this run's."""
     for side, spm_bytes in tokenizers.items():
