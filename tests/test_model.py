@@ -77,6 +77,26 @@ def test_embeddings_shared_tied_and_scaled():
     assert model.src_embed.scale == pytest.approx(d**0.5)
 
 
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_a_model_built_from_weights_is_the_model_they_came_from(overrides, tmp_path):
+    """build_model(cfg, weights=...) builds on the meta device and takes the tensors: the same logits, tied tables
+    still one parameter, and the buffers no checkpoint holds (causal table, sinusoidal positions) computed."""
+    model = tiny(**overrides)
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    rebuilt = build_model(ModelConfig.from_size("tiny", **{"src_vocab_size": V, "tgt_vocab_size": V, "pad_id": PAD,
+                                                           **overrides}),
+                          weights=torch.load(tmp_path / "weights.pt", weights_only=True)).eval()  # fmt: skip
+    src, tgt = tokens([5, 3], 6), tokens([4, 2], 5)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(src, tgt), model(src, tgt), rtol=0, atol=0)
+    assert not any(t.is_meta for t in [*rebuilt.parameters(), *rebuilt.buffers()])
+    for name, buffer in model.named_buffers():
+        assert torch.equal(dict(rebuilt.named_buffers())[name], buffer), name
+    assert (rebuilt.output.weight is rebuilt.tgt_embed.tokens.weight) == (model.output.weight is
+                                                                          model.tgt_embed.tokens.weight)  # fmt: skip
+    assert sum(p.numel() for p in rebuilt.parameters()) == sum(p.numel() for p in model.parameters())
+
+
 def test_sinusoidal_positions_follow_the_paper():
     model = tiny()
     pe = model.src_embed.positions

@@ -37,13 +37,20 @@ class Embeddings(nn.Module):
         self.tokens = tokens
         self.scale = math.sqrt(d_model)
         self.max_positions = max_positions
+        self.positions_kind = positions
         if positions == "learned":
             self.positions = nn.Parameter(torch.empty(max_positions, d_model))
         else:  # not a parameter, and not saved: rebuilt from the config
-            table = sinusoidal_table(max_positions, d_model, concat=positions == "sinusoidal_concat")
-            self.register_buffer("positions", table, persistent=False)
+            self.register_buffer("positions", torch.empty(max_positions, d_model), persistent=False)
+            self.init_buffers()
         self.dropout = Dropout(dropout)
         self.token_dropout = token_dropout
+
+    def init_buffers(self) -> None:
+        """The sinusoidal table, computed (again after a build on the meta device, which computes nothing)."""
+        if self.positions_kind != "learned":
+            d_model = self.tokens.embedding_dim
+            self.positions = sinusoidal_table(self.max_positions, d_model, self.positions_kind == "sinusoidal_concat")
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         end = offset + tokens.size(1)

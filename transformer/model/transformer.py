@@ -113,6 +113,13 @@ class EncoderDecoder(nn.Module):
         # causal masks are views of it (not saved: rebuilt with the model)
         self.register_buffer("future", future_table(tgt_embed.max_positions), persistent=False)
 
+    def init_buffers(self) -> None:
+        """The buffers no checkpoint holds (the causal mask table, sinusoidal positions), computed: after a build on
+        the meta device, which computes nothing."""
+        self.future = future_table(self.tgt_embed.max_positions)
+        for embed in (self.src_embed, self.tgt_embed):
+            embed.init_buffers()
+
     def _kernels(self, device_type: str) -> Callable[[], AbstractContextManager]:
         return lambda: sdpa_backend(self.backend, device_type)
 
@@ -202,9 +209,26 @@ class EncoderDecoder(nn.Module):
         return DecoderCache.empty(len(self.decoder.layers))
 
 
-def build_model(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> EncoderDecoder:
-    """The model `cfg` describes, run as `runtime` says (default RuntimeConfig())."""
+def build_model(cfg: ModelConfig, runtime: RuntimeConfig | None = None,
+                weights: dict[str, Tensor] | None = None) -> EncoderDecoder:  # fmt: skip
+    """The model `cfg` describes, run as `runtime` says (default RuntimeConfig()). With `weights` (a state dict, every
+    parameter in it), built on the meta device and given those tensors: no random initialisation to throw away (at
+    OPUS-MT's size, 0.75 s of a 0.95 s load)."""
     runtime = runtime or RuntimeConfig()
+    with torch.device("meta") if weights is not None else nullcontext():
+        model = _modules(cfg, runtime)
+    if weights is None:
+        _init_weights(model, cfg)
+    else:
+        model.load_state_dict(weights, assign=True)  # strict: every parameter given, none left over
+        model.init_buffers()
+    if cfg.tie_output:
+        model.output.weight = model.tgt_embed.tokens.weight
+    return model
+
+
+def _modules(cfg: ModelConfig, runtime: RuntimeConfig) -> EncoderDecoder:
+    """The whole model tree, untied and as its constructors initialise it."""
     checkpointed = runtime.activation_checkpointing
     src_tokens = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
     tgt_tokens = (
@@ -225,9 +249,6 @@ def build_model(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> Encod
         padding_free=runtime.padding_free_attention,
         backend=runtime.attention_backend,
     )
-    _init_weights(model, cfg)
-    if cfg.tie_output:
-        model.output.weight = model.tgt_embed.tokens.weight
     return model
 
 

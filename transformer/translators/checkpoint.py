@@ -35,11 +35,10 @@ class CheckpointTranslator:
         self.runtime = runtime or RuntimeConfig()
         if self.runtime.deterministic:
             use_deterministic_algorithms()
-        self.model = build_model(self.model_config, self.runtime)
         # the average covers the parameters; buffers (none that training changes) come from the weights
         states = [checkpoint["state_dict"]] + ([checkpoint["ema_state_dict"]] if ema else [])
         weights = {k.removeprefix("model."): v for state in states for k, v in state.items() if k.startswith("model.")}
-        self.model.load_state_dict(weights)
+        self.model = build_model(self.model_config, self.runtime, weights)
         self.model.to(device).eval()
         self.src_tokenizer = SentencePiece(model=checkpoint["tokenizers"]["src"])
         self.tgt_tokenizer = SentencePiece(model=checkpoint["tokenizers"]["tgt"])
