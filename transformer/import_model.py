@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .cli.command import exit_with
 from .data import DataConfig
+from .data.prepare import write_tokenizer_folder
 from .pretrained import marian
 from .training import OptimConfig, TranslationModule
 from .training.checkpoint import AtomicCheckpointIO
@@ -98,15 +99,6 @@ def checkpoint(folder: Path, name: str, src: str | None, tgt: str | None, tokeni
     }  # fmt: skip
 
 
-def write_tokenizers(tokenizers: dict[str, bytes], data: dict, folder: Path) -> None:
-    """The checkpoint's sentencepiece models as data.tokenizer reads them: spm.model when both sides share one,
-    else spm.{src}.model and spm.{tgt}.model."""
-    folder.mkdir(parents=True, exist_ok=True)
-    joint = tokenizers["src"] == tokenizers["tgt"]
-    for side in ("src", "tgt"):
-        (folder / ("spm.model" if joint else f"spm.{data[side]}.model")).write_bytes(tokenizers[side])
-
-
 def main(argv: list[str] | None = None) -> None:
     try:
         source, options = parse(sys.argv[1:] if argv is None else argv)
@@ -118,9 +110,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyError as e:
         exit_with(f"{source} lacks {e} (in config.json or the weights); it is not a Marian model in the Hugging Face "
                   "format")  # fmt: skip
-    write_tokenizers(imported["tokenizers"], imported["data"], output / "tokenizer")
-    AtomicCheckpointIO().save_checkpoint(imported, output / "model.ckpt")
     model, data = imported["hyper_parameters"]["model"], imported["data"]
+    models = imported["tokenizers"]["src"], imported["tokenizers"]["tgt"]
+    write_tokenizer_folder(output / "tokenizer", data["src"], data["tgt"], models)
+    AtomicCheckpointIO().save_checkpoint(imported, output / "model.ckpt")
     print(f"imported {source} ({data['src']}->{data['tgt']}, d_model {model['d_model']}, "
           f"{model['n_encoder_layers']}+{model['n_decoder_layers']} layers, {model['src_vocab_size']} pieces) into "
           f"{output / 'model.ckpt'}; fine-tune with: python -m transformer.train init_from={output} data.path=...")  # fmt: skip

@@ -102,23 +102,45 @@ def _rows(ds: datasets.Dataset, index: np.ndarray, columns: tuple[str, ...]) -> 
     return texts
 
 
+def tokenizer_file_names(src: str, tgt: str, joint: bool) -> tuple[str, str]:
+    """The names of data.tokenizer's files: spm.model for both languages, or spm.{src}.model and spm.{tgt}.model."""
+    return ("spm.model", "spm.model") if joint else (f"spm.{src}.model", f"spm.{tgt}.model")
+
+
+def write_tokenizer_folder(folder: Path, src: str, tgt: str, models: tuple[bytes, bytes]) -> None:
+    """Sentencepiece models (source, target) as data.tokenizer reads them: one spm.model where both are the same.
+    Each file is written whole under its own temporary name (processes may write one folder at once: DDP's ranks),
+    and left as it is when it already holds the model; the other layout's files, which would be read instead, go."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = tokenizer_file_names(src, tgt, joint=models[0] == models[1])
+    for stale in {*tokenizer_file_names(src, tgt, True), *tokenizer_file_names(src, tgt, False)} - set(names):
+        (folder / stale).unlink(missing_ok=True)
+    for name, model in zip(names, models):
+        path = folder / name
+        if not path.is_file() or path.read_bytes() != model:
+            tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
+            tmp.write_bytes(model)
+            tmp.replace(path)
+
+
 def given_tokenizers(cfg: DataConfig) -> tuple[Path, Path]:
     """The sentencepiece model files of data.tokenizer's folder: (source, target)."""
     folder = Path(cfg.tokenizer)
     joint = folder / "spm.model"
     if joint.is_file():
         return joint, joint
-    files = folder / f"spm.{cfg.src}.model", folder / f"spm.{cfg.tgt}.model"
+    files = tuple(folder / name for name in tokenizer_file_names(cfg.src, cfg.tgt, joint=False))
     if not all(f.is_file() for f in files):
         raise DataError(f"data.tokenizer={cfg.tokenizer} holds neither spm.model nor both {files[0].name} and "
                         f"{files[1].name}; give a folder of this run's languages' sentencepiece models")  # fmt: skip
     return files
 
 
-def _tokenizers(cfg: DataConfig, trains: list[datasets.Dataset], shares: np.ndarray,
-                folder: Path) -> tuple[SentencePiece, SentencePiece, bool]:  # fmt: skip
-    if cfg.tokenizer is not None:
-        src, tgt = (SentencePiece(path) for path in given_tokenizers(cfg))
+def _tokenizers(cfg: DataConfig, trains: list[datasets.Dataset], shares: np.ndarray, folder: Path,
+                given: tuple[Path, Path] | None) -> tuple[SentencePiece, SentencePiece, bool]:  # fmt: skip
+    """The tokenizers: `given` (data.tokenizer's files), checked; or trained (or reused) in `folder`."""
+    if given is not None:
+        src, tgt = (SentencePiece(path) for path in given)
         for side, tok in (("source", src), ("target", tgt)):
             missing = [name for name in ("pad", "eos", "bos") if getattr(tok, f"{name}_id") < 0]
             if missing:
@@ -256,14 +278,15 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
         fingerprints.append((name, fingerprint, corpus.train_split, corpus.weight, corpus.tag))
     trains = [loaded[name][c.train_split] for name, c in corpora.items()]
     shares = mixture_shares([len(t) for t in trains], [c.weight for c in corpora.values()], cfg.temperature)
-    if cfg.tokenizer is None:
+    given = given_tokenizers(cfg) if cfg.tokenizer is not None else None
+    if given is None:
         tok_key = _key(FORMAT_VERSION, fingerprints, cfg.temperature, cfg.tokenizer_sentences, cfg.src, cfg.tgt,
                        cfg.vocab_size, cfg.joint_vocab, cfg.tokenizer_type)  # fmt: skip
     else:  # the given models' whole files (their reserved pieces too), wherever they are
-        given = [hashlib.sha256(path.read_bytes()).hexdigest() for path in given_tokenizers(cfg)]
-        tok_key = _key(FORMAT_VERSION, fingerprints, cfg.src, cfg.tgt, "given", *given)
+        hashes = [hashlib.sha256(path.read_bytes()).hexdigest() for path in given]
+        tok_key = _key(FORMAT_VERSION, fingerprints, cfg.src, cfg.tgt, "given", *hashes)
     tok_folder = Path(cfg.cache_dir) / f"{'+'.join(corpora)}.{cfg.src}-{cfg.tgt}.{tok_key}"
-    src_tok, tgt_tok, tok_reused = _tokenizers(cfg, trains, shares, tok_folder)
+    src_tok, tgt_tok, tok_reused = _tokenizers(cfg, trains, shares, tok_folder, given)
 
     training_text = ["training text"] if cfg.sampling_alpha is not None else []  # the same key as before without
     # a text that starts with a reserved piece is encoded as that tag, then the rest (tokenizer.encode): a cache

@@ -179,7 +179,7 @@ def sentencepiece_with_ids(spm: bytes, vocab: dict[str, int], size: int, side: s
 def tokenizers(folder: Path, hf: dict, cfg: ModelConfig) -> tuple[bytes, bytes]:
     """(source, target) sentencepiece models with vocab.json's ids (target_vocab.json's for a model with separate
     vocabularies): source.spm and target.spm rewritten by sentencepiece_with_ids."""
-    settings = _json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    settings = _tokenizer_settings(folder)
     source_vocab = _json(folder / "vocab.json")
     target_vocab = _json(folder / "target_vocab.json") if settings.get("separate_vocabs") else source_vocab
     for name, vocab in (("vocab.json", source_vocab), ("target_vocab.json", target_vocab)):
@@ -199,10 +199,15 @@ def tokenizers(folder: Path, hf: dict, cfg: ModelConfig) -> tuple[bytes, bytes]:
 def languages(folder: Path, name: str) -> tuple[str | None, str | None]:
     """(source, target) language as the model names them: tokenizer_config.json's source_lang and target_lang, or
     an OPUS-MT name's (opus-mt-de-en, opus-mt-en-ROMANCE); None where neither says."""
-    settings = _json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    settings = _tokenizer_settings(folder)
     named = re.search(r"opus-mt-(?:tc-(?:big-)?)?([A-Za-z_]+)-([A-Za-z_]+)$", name.rstrip("/"))
     return (settings.get("source_lang") or (named and named.group(1)) or None,
             settings.get("target_lang") or (named and named.group(2)) or None)  # fmt: skip
+
+
+def _tokenizer_settings(folder: Path) -> dict:
+    """tokenizer_config.json (separate_vocabs, source_lang, target_lang), or {} where the folder has none."""
+    return _json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
 
 
 def _json(path: Path) -> dict:

@@ -1,7 +1,6 @@
 """Starting a training from a model (init_from: a folder transformer.import_model wrote, or any checkpoint): its
 architecture, weights and tokenizers, with a fresh optimizer, schedule and step count."""
 
-import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ..data import DataConfig
+from ..data.prepare import write_tokenizer_folder
 from ..data.tokenizer import SentencePiece
 from ..model import ModelConfig
 from .resume import load_checkpoint
@@ -123,19 +123,8 @@ def with_checkpoint_tokenizers(data: DataConfig, checkpoint: dict, folder: Path,
     if "tokenizers" not in checkpoint:
         raise ValueError(f"{given} holds no tokenizers (it was not written by training or "
                          "transformer.import_model); give such a checkpoint")  # fmt: skip
-    tokenizers = checkpoint["tokenizers"]
-    folder.mkdir(parents=True, exist_ok=True)
-    joint = tokenizers["src"] == tokenizers["tgt"]
-    names = {"src": "spm.model", "tgt": "spm.model"} if joint else {"src": f"spm.{data.src}.model",
-                                                                    "tgt": f"spm.{data.tgt}.model"}  # fmt: skip
-    for stale in {"spm.model", f"spm.{data.src}.model", f"spm.{data.tgt}.model"} - set(names.values()):
-        (folder / stale).unlink(missing_ok=True)  # the other layout's, which data.tokenizer would read instead
-    for side in ("src", "tgt"):
-        path = folder / names[side]
-        if not path.is_file() or path.read_bytes() != tokenizers[side]:
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # its own: every DDP rank writes them
-            tmp.write_bytes(tokenizers[side])
-            tmp.replace(path)
+    write_tokenizer_folder(folder, data.src, data.tgt, (checkpoint["tokenizers"]["src"],
+                                                        checkpoint["tokenizers"]["tgt"]))  # fmt: skip
     return replace(data, tokenizer=str(folder))
 
 

@@ -50,20 +50,20 @@ def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sour
     found: list[list[tuple[float, list[int]]]] = [[] for _ in sources]
     tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
     calls = [(max(limits, default=0), list(range(len(sources))))]
-    sampling = {"suppress_sequences": [[piece] for piece in barred] or None}
+    options = {"suppress_sequences": [[piece] for piece in barred] or None}
     if search.sampling_topk:  # CTranslate2's topk 0 is all tokens, 1 greedy search
         warnings.warn("an exported folder samples from generators that seed= does not reach (CTranslate2 issue "
                       "#1757): its samples differ between runs; sample with the training checkpoint to reproduce "
                       "them", stacklevel=2)  # fmt: skip
-        sampling = dict(sampling_topk=max(search.sampling_topk, 0), sampling_temperature=search.temperature,
-                        suppress_sequences=[[piece] for piece in (*barred, *never_sampled)] or None)  # fmt: skip
+        options = dict(sampling_topk=max(search.sampling_topk, 0), sampling_temperature=search.temperature,
+                       suppress_sequences=[[piece] for piece in (*barred, *never_sampled)] or None)  # fmt: skip
     while calls:
         max_length, group = calls.pop()
         results = engine.translate_batch(
             [[src_pieces[t] for t in sources[i]] for i in group], beam_size=search.beam_size,
             num_hypotheses=search.beam_size, length_penalty=search.length_penalty, max_decoding_length=max_length,
             min_decoding_length=0, return_end_token=True, return_scores=True, max_batch_size=8192, batch_type="tokens",
-            use_vmap=use_vmap, **sampling,
+            use_vmap=use_vmap, **options,
         )  # fmt: skip
         again = []
         for i, result in zip(group, results):
