@@ -14,9 +14,10 @@ from transformer.data import DataConfig, TranslationDataModule
 from transformer.data.batching import Collate
 from transformer.model import ModelConfig
 from transformer.model.loss import loss_sum
-from transformer.train import check_run_folder_free
 from transformer.training import OptimConfig, TranslationModule
 from transformer.training.checkpoint import RunFolderLock
+from transformer.training.errors import TrainingError
+from transformer.training.initial import check_run_folder_free
 from transformer.training.strategy import training_strategy
 
 from .helpers import run_train, tiny_data
@@ -164,7 +165,7 @@ def test_only_rank_zero_checks_that_the_run_folder_is_free(launcher, rank_zero, 
     held = RunFolderLock(tmp_path)  # rank 0's, as a running training holds it
     try:
         if rank_zero:
-            with pytest.raises(SystemExit, match="2"):
+            with pytest.raises(TrainingError, match="is in use by a training run"):
                 check_run_folder_free(OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path)}}}))
         else:
             check_run_folder_free(OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path)}}}))

@@ -17,10 +17,11 @@ from transformer.data import TranslationDataModule
 from transformer.machine.allocator import HINT, jemalloc_library
 from transformer.model import RuntimeConfig
 from transformer.model.kernels.rules import cuda_kernel, record_sdpa
-from transformer.train import model_config, train
+from transformer.train import train
 from transformer.training import OptimConfig, TranslationModule, ValidationConfig
 from transformer.training.module import lr_factor
 from transformer.training.resume import run_dir_for
+from transformer.training.setup import model_config
 from transformer.training.tensorboard import TensorBoardSamples
 
 from .helpers import (

@@ -2,7 +2,6 @@
 
 import dataclasses
 import functools
-import inspect
 import sys
 import typing
 from pathlib import Path
@@ -70,16 +69,6 @@ def check_overrides(config_name: str, argv: list[str]):
     if missing:
         exit_with(f"{missing[0]} is required: add {missing[0]}=...")
     return cfg
-
-
-def check_trainer_args(args: dict, trainer_class) -> None:
-    """Unknown Trainer arguments and plainly wrong values (trainer.max_epochs=abc) in one line each."""
-    params = inspect.signature(trainer_class.__init__).parameters
-    hints = typing.get_type_hints(trainer_class.__init__)
-    for name, value in args.items():
-        if name not in params:
-            raise ValueError(f"trainer.{name} is not an argument of Lightning's Trainer; check the spelling")
-        check_value(f"trainer.{name}", value, hints.get(name))
 
 
 def _composition_error(error: Exception, argv: list[str]) -> str:

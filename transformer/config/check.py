@@ -1,6 +1,7 @@
 """The one type check for config values, against a dataclass field's or a function argument's annotation, so that a
 wrong value fails in one line: `error: trainer.max_epochs='abc' must be one of: int, null`."""
 
+import inspect
 import types
 import typing
 from dataclasses import fields
@@ -54,3 +55,13 @@ def check_field_types(config, prefix: str) -> None:
         check_value(f"{prefix}.{f.name}", value, f.type)
         if isinstance(value, int) and not isinstance(value, bool) and float in (accepted(f.type) or []):
             object.__setattr__(config, f.name, float(value))
+
+
+def check_trainer_args(args: dict, trainer_class) -> None:
+    """Unknown Trainer arguments and plainly wrong values (trainer.max_epochs=abc) in one line each."""
+    params = inspect.signature(trainer_class.__init__).parameters
+    hints = typing.get_type_hints(trainer_class.__init__)
+    for name, value in args.items():
+        if name not in params:
+            raise ValueError(f"trainer.{name} is not an argument of Lightning's Trainer; check the spelling")
+        check_value(f"trainer.{name}", value, hints.get(name))

@@ -154,6 +154,17 @@ def disk_full_in_run(error: BaseException, run_dir: Path) -> TrainingError | Non
                          f"{_recovery(Path(run_dir) / 'checkpoints')}")  # fmt: skip
 
 
+def quiet_full_disk_in_threads(hook):
+    """threading.excepthook less full disks: TensorBoard's writer thread meets one first, and main, where the
+    training loop meets it at its next write, reports it in one line."""
+
+    def excepthook(args) -> None:
+        if not (isinstance(args.exc_value, OSError) and args.exc_value.errno == errno.ENOSPC):
+            hook(args)
+
+    return excepthook
+
+
 def check_monitors(callbacks: list, metrics: list[str]) -> None:
     """A callback watching a validation metric that no dev set logs (a misspelt dev set name) would never fire."""
     for c in callbacks:

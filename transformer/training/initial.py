@@ -1,6 +1,7 @@
 """Starting a training from a model (init_from: a folder transformer.import_model wrote, or any checkpoint): its
 architecture, weights and tokenizers, with a fresh optimizer, schedule and step count."""
 
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -11,7 +12,9 @@ from ..data import DataConfig
 from ..data.prepare import write_tokenizer_folder
 from ..data.tokenizer import SentencePiece
 from ..model import ModelConfig
-from .resume import load_checkpoint
+from .checkpoint import RunFolderLock
+from .errors import TrainingError
+from .resume import load_checkpoint, peek_checkpoint
 
 # what a fine-tuning may change (model.<field>=... with init_from): regularisation, not the weights' shapes or meaning
 TUNABLE = ("dropout", "attention_dropout", "activation_dropout", "token_dropout")
@@ -134,3 +137,24 @@ def check_vocabulary(model: ModelConfig, src: SentencePiece, tgt: SentencePiece)
         if getattr(model, name) != value:
             raise ValueError(f"the tokenizer gives {name}={value} but the model has {name}={getattr(model, name)}; "
                              "give the model's own tokenizer")  # fmt: skip
+
+
+def launched_as_rank_zero() -> bool:
+    """Whether this process is rank 0 before any process group exists, by the variables its launcher set: torchrun's
+    RANK, srun's SLURM_PROCID, and Lightning's own LOCAL_RANK and NODE_RANK (LOCAL_RANK alone is 0 on every node)."""
+    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"))
+
+
+def check_run_folder_free(cfg) -> None:
+    """Refuse before Hydra writes its .hydra/ and log into a run folder that a running training holds, or that a
+    weights-only ckpt_path (an average.pt in its checkpoints/) would start a new run in."""
+    if cfg is None or not launched_as_rank_zero():  # the other DDP ranks share rank 0's folder
+        return
+    run_dir = Path(cfg.hydra.run.dir)
+    if (run_dir / ".lock").exists():
+        RunFolderLock(run_dir).release()  # raises while a training holds it
+    if cfg.ckpt_path not in (None, "last") and Path(cfg.ckpt_path).is_file():
+        refusal = own_run_folder_refusal(cfg.ckpt_path, run_dir)
+        checkpoint = peek_checkpoint(cfg.ckpt_path) if refusal else {}  # {}: unreadable, which training will say
+        if checkpoint and not holds_training_state(checkpoint):
+            raise TrainingError(refusal)
