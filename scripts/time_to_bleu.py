@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from transformer.data import DataConfig
-from transformer.evaluate import evaluate
+from transformer.evaluation.scores import evaluate
 from transformer.training.averaging import checkpoints_by_step
 from transformer.translators import CheckpointTranslator, SearchConfig
 

@@ -9,7 +9,7 @@ import torch
 from sacrebleu.metrics import CHRF, TER
 
 from transformer.data import DataConfig, TranslationDataModule
-from transformer.evaluate import evaluate
+from transformer.evaluation.scores import evaluate
 from transformer.training import TranslationModule
 from transformer.training.averaging import average_checkpoints
 from transformer.translators import CheckpointTranslator, SearchConfig

@@ -55,13 +55,13 @@ def test_half_the_translations_lost_is_significant_and_scored_as_sacrebleu_score
 
 
 def test_compare_tests_this_evaluation_s_hypotheses_against_the_baseline_file(translations, monkeypatch):
-    from transformer import evaluate
+    from transformer.evaluation import scores
 
     hypotheses, references = translations
     result = {"split": "val", "sentences": 48, "hypotheses": hypotheses, "references": references}
-    monkeypatch.setattr(evaluate, "paired_tests", lambda *systems: {"systems": systems})
+    monkeypatch.setattr(scores, "paired_tests", lambda *systems: {"systems": systems})
     baseline = [h.upper() for h in hypotheses]
-    found = evaluate.compare(result, "base.hyp", baseline)
+    found = scores.compare(result, "base.hyp", baseline)
     assert found == {"baseline": "base.hyp", "systems": (hypotheses, baseline, references)}
     with pytest.raises(ValueError, match="compare=short.hyp has 1 lines where split val has 48 sentences"):
-        evaluate.compare(result, "short.hyp", ["one line"])
+        scores.compare(result, "short.hyp", ["one line"])
