@@ -13,9 +13,9 @@ import argparse
 from pathlib import Path
 
 from transformer.data import DataConfig
-from transformer.evaluation.scores import evaluate
 from transformer.training.averaging import checkpoints_by_step
 from transformer.translators import CheckpointTranslator, SearchConfig
+from transformer.translators.scores import evaluate
 
 
 def training_minutes(checkpoint: dict) -> float | None:

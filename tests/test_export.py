@@ -357,9 +357,9 @@ def test_the_readme_s_python_lines_translate_with_the_export_alone(trained, tmp_
 
 def test_translate_and_evaluate_take_an_exported_folder_as_a_checkpoint(trained, tmp_path):
     from transformer.data import DataConfig
-    from transformer.evaluation.scores import evaluate
     from transformer.export.__main__ import export
     from transformer.translators import open_translator
+    from transformer.translators.scores import evaluate
 
     tmp, _, checkpoint = trained
     folder, _ = export(export_config(checkpoint, tmp_path / "ct2"))

@@ -9,10 +9,10 @@ import torch
 from sacrebleu.metrics import CHRF, TER
 
 from transformer.data import DataConfig, TranslationDataModule
-from transformer.evaluation.scores import evaluate
 from transformer.training import TranslationModule
 from transformer.training.averaging import average_checkpoints
 from transformer.translators import CheckpointTranslator, SearchConfig
+from transformer.translators.scores import evaluate
 
 from .helpers import ROOT
 

@@ -12,10 +12,10 @@ from transformer import translate
 from transformer.data import DataConfig, TokenBatchSampler, TranslationDataModule, load_corpus, prepare_data
 from transformer.data.mixing import Mixture, mixture_shares
 from transformer.data.prepare import _tokenizer_sentences
-from transformer.evaluation.scores import evaluate
 from transformer.model.transformer import EncoderDecoder
 from transformer.training.errors import TrainingError
 from transformer.translators import CheckpointTranslator, SearchConfig
+from transformer.translators.scores import evaluate
 
 from .helpers import (
     RECORD,

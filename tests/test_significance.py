@@ -55,7 +55,7 @@ def test_half_the_translations_lost_is_significant_and_scored_as_sacrebleu_score
 
 
 def test_compare_tests_this_evaluation_s_hypotheses_against_the_baseline_file(translations, monkeypatch):
-    from transformer.evaluation import scores
+    from transformer.translators import scores
 
     hypotheses, references = translations
     result = {"split": "val", "sentences": 48, "hypotheses": hypotheses, "references": references}

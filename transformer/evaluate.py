@@ -11,9 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from .cli.command import CONFIGS, check_overrides, one_line_errors, read_lines
 from .data import DataConfig
-from .evaluation.scores import check_pair, compare, evaluate, score
 from .model import RuntimeConfig
 from .translators import SearchConfig, open_translator
+from .translators.scores import check_pair, compare, evaluate, score
 
 
 def print_comparison(found: dict) -> None:

@@ -54,7 +54,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     check_compile(cfg.compile, cfg.compile_mode, runtime, data_config)
     check_lengths(data_config, architecture)
     trainer_args, precision_note = checked_trainer_args(plain["trainer"], runtime, architecture,
-                                                     checkpoint.get("precision") if checkpoint else None)  # fmt: skip
+                                                        checkpoint.get("precision") if checkpoint else None)  # fmt: skip
     pl.seed_everything(cfg.seed, workers=True)
     data = TranslationDataModule(data_config)
     data.setup()

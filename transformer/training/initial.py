@@ -1,5 +1,6 @@
-"""Starting a training from a model (init_from: a folder transformer.import_model wrote, or any checkpoint): its
-architecture, weights and tokenizers, with a fresh optimizer, schedule and step count."""
+"""How a training starts: fresh, resumed from its checkpoint, or from a model (init_from: a folder
+transformer.import_model wrote, or any checkpoint: its architecture, weights and tokenizers, with a fresh optimizer,
+schedule and step count); and the run folder it may start in."""
 
 import os
 import sys
@@ -146,13 +147,14 @@ def launched_as_rank_zero() -> bool:
 
 
 def check_run_folder_free(cfg) -> None:
-    """Refuse before Hydra writes its .hydra/ and log into a run folder that a running training holds, or that a
-    weights-only ckpt_path (an average.pt in its checkpoints/) would start a new run in."""
+    """Raise TrainingError (the command says it in one line) before Hydra writes its .hydra/ and log into a run
+    folder that a running training holds, or that a weights-only ckpt_path (an average.pt in its checkpoints/) would
+    start a new run in."""
     if cfg is None or not launched_as_rank_zero():  # the other DDP ranks share rank 0's folder
         return
     run_dir = Path(cfg.hydra.run.dir)
     if (run_dir / ".lock").exists():
-        RunFolderLock(run_dir).release()  # raises while a training holds it
+        RunFolderLock(run_dir).release()  # taking the lock raises while a training holds it
     if cfg.ckpt_path not in (None, "last") and Path(cfg.ckpt_path).is_file():
         refusal = own_run_folder_refusal(cfg.ckpt_path, run_dir)
         checkpoint = peek_checkpoint(cfg.ckpt_path) if refusal else {}  # {}: unreadable, which training will say

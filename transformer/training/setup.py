@@ -53,7 +53,7 @@ def check_lengths(data: DataConfig, model: ModelConfig) -> None:
 
 
 def checked_trainer_args(trainer: dict, runtime: RuntimeConfig, architecture: ModelConfig,
-                      resumed_precision: str | None) -> tuple[dict, str | None]:  # fmt: skip
+                         resumed_precision: str | None) -> tuple[dict, str | None]:  # fmt: skip
     """The Trainer's arguments as this run passes them, checked, and trainer.precision=auto's note: the precision
     resolved (a resumed run keeps its checkpoint's; every DDP rank takes rank 0's, ranks an outside launcher started
     joining their process group for it here), the attention backend judged for the device, the strategy built, and

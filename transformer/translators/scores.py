@@ -9,8 +9,8 @@ from sacrebleu.metrics import BLEU
 
 from ..data import DataConfig, DataError, load_corpus
 from ..data.sources import read_lines as read_corpus_lines
-from ..translators import SearchConfig, Translator
-from .significance import metrics, paired_tests
+from ..evaluation.significance import metrics, paired_tests
+from .interface import SearchConfig, Translator
 
 
 def evaluate(translator: Translator, data: DataConfig, split: str, search: SearchConfig, precision: str) -> dict:
