@@ -21,7 +21,6 @@ from .training.checkpoint import AtomicCheckpointIO
 
 USAGE = "python -m transformer.import_model SOURCE output=DIR [src=LANG tgt=LANG]"
 OPTIONS = ("output", "src", "tgt")
-WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # the reader's order: safetensors first
 TOKENIZER_FILES = [
     "config.json",
     "source.spm",
@@ -66,11 +65,11 @@ def local_folder(source: str) -> Path:
         raise FileNotFoundError(f"SOURCE={source}: {type(e).__name__} on the hub (a misspelt name, or a private "
                                 "model without a token: huggingface-cli login); give an OPUS-MT name or a folder") from None  # fmt: skip
     except Exception:  # offline (HF_HUB_OFFLINE=1, no network): whichever weights the cache holds
-        weights = list(WEIGHTS)
+        weights = list(marian.WEIGHT_FILES)
     else:
-        weights = [name for name in WEIGHTS if name in files][:1]
+        weights = [name for name in marian.WEIGHT_FILES if name in files][:1]
         if not weights:
-            raise FileNotFoundError(f"{source} on the hub has neither {' nor '.join(WEIGHTS)}")
+            raise FileNotFoundError(f"{source} on the hub has neither {' nor '.join(marian.WEIGHT_FILES)}")
     try:
         return Path(snapshot_download(source, allow_patterns=[*weights, *TOKENIZER_FILES]))
     except Exception as e:  # no network and nothing cached, a hub error: its first line

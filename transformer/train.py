@@ -63,7 +63,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     module = TranslationModule(**TranslationModule.hyperparameters(model, optim, validation, runtime))
     del start
     if initial_weights is not None:
-        module.model.load_state_dict(initial_weights)  # a resumed run's checkpoint replaces them in fit
+        module.model.load_state_dict(initial_weights)
         del initial_weights
     if checkpoint is not None:
         tokenizers = data.checkpoint_extras()["tokenizers"]  # as this run's checkpoints will hold them

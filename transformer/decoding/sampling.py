@@ -11,8 +11,8 @@ from torch import Tensor
 def sampled_token(topk: int, temperature: float, generator: torch.Generator,
                   never: tuple[int, ...] = ()) -> Callable[[Tensor], Tensor]:  # fmt: skip
     """logits (n, V) -> a token per row (n,), drawn from softmax(logits / temperature) over the row's `topk` most
-    likely tokens (topk=-1: over all of them), never one of `never` (pad, BOS: tokens no translation holds, which an
-    undertrained model still gives some probability; byte pieces, which drawn one at a time decode to U+FFFD)."""
+    likely tokens (topk=-1: over all of them), never one of `never` (a translator's: the byte pieces, which drawn one at
+    a time decode to U+FFFD; pad and BOS, which no translation holds, greedy_search's `barred` already excludes)."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be positive")
 

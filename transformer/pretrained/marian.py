@@ -91,13 +91,16 @@ def state_dict(hf: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
     return ours
 
 
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # save_pretrained's, in the order its loader reads them
+
+
 def read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
     """(config.json, the weights) of a folder save_pretrained wrote: model.safetensors, or pytorch_model.bin."""
     config = _json(folder / "config.json")
     if config.get("model_type", "marian") != "marian":
         raise UnsupportedMarian(f"model_type={config['model_type']!r} in {folder}/config.json: only Marian (OPUS-MT) "
                                 "models are imported")  # fmt: skip
-    for name in ("model.safetensors", "pytorch_model.bin"):
+    for name in WEIGHT_FILES:
         if not (folder / name).exists():
             continue
         try:
@@ -121,9 +124,9 @@ def sentencepiece_with_ids(spm: bytes, vocab: dict[str, int], size: int, side: s
     """One side's sentencepiece model (source.spm or target.spm) rewritten so that its ids are vocab.json's (the ids
     the model's embeddings are indexed by): piece i of the result is vocab.json's id i. This side's own pieces keep
     their scores (the same segmentation); vocab.json's other pieces (the other language's) are unused, never
-    produced, but for single characters, which stand where this side's <unk> would; </s> is EOS, <pad> both pad and BOS (Marian's decoder starts from <pad>), <unk> unknown; the language
-    codes (>>fra<<) are reserved pieces, this project's tags. Ids from len(vocab) to `size` (the embeddings' rows)
-    are unused pieces. A piece of this side that vocab.json lacks cannot be produced (Marian's tokenizer produces
+    produced, but for single characters, which stand where this side's <unk> would; </s> is EOS, <pad> both pad
+    and BOS (Marian's decoder starts from <pad>), <unk> unknown; the language codes (>>fra<<) are reserved pieces,
+    this project's tags. Ids from len(vocab) to `size` (the embeddings' rows) are unused pieces. A piece of this side that vocab.json lacks cannot be produced (Marian's tokenizer produces
     it and looks up <unk>)."""
     from google.protobuf.message import DecodeError
     from sentencepiece import sentencepiece_model_pb2 as model_pb2

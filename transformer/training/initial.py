@@ -48,7 +48,7 @@ class Start:
     checkpoint: dict | None
     data: DataConfig
     model: ModelConfig | None  # None: the `model:` group's choice, sized by the tokenizer
-    weights: dict[str, Tensor] | None  # init_from's, loaded before training (a resumed checkpoint's replace them)
+    weights: dict[str, Tensor] | None  # init_from's, loaded before training; None when resuming (fit loads those)
 
 
 def run_start(init_from: str | None, ckpt_path: str | None, checkpoint: dict | None, run_dir: Path, data: DataConfig,
@@ -65,7 +65,7 @@ def run_start(init_from: str | None, ckpt_path: str | None, checkpoint: dict | N
     else:
         return Start(ckpt_path, checkpoint, data, None, None)
     data = with_checkpoint_tokenizers(data, source, run_dir / "tokenizer", given)
-    weights = initial_weights(source) if init_from else None
+    weights = initial_weights(source) if init_from and checkpoint is None else None  # resumed: fit loads its own
     return Start(ckpt_path, checkpoint, data, initial_model(source, choice, given), weights)
 
 

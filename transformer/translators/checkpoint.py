@@ -140,7 +140,8 @@ class CheckpointTranslator:
         tok = self.tgt_tokenizer
         bos, eos, barred = tok.bos_id, tok.eos_id, tok.barred_ids
         if search.beam_size == 1:  # the same function as validation, so that scores match it (unscored)
-            never = (*barred, *tok.byte_ids)
+            # pad and BOS are barred by greedy_search before a draw; sampling bars the byte pieces besides
+            never = tok.byte_ids
             draw = sampled_token(search.sampling_topk, search.temperature, generator, never) if generator else None
             found = greedy_search(self.model, src, bos, eos, search.max_len_a, search.max_len_b, search.use_cache,
                                   draw, barred)  # fmt: skip

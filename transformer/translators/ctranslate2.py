@@ -50,13 +50,13 @@ def ctranslate2_nbest(engine, src_pieces: list[str], tgt_pieces: list[str], sour
     found: list[list[tuple[float, list[int]]]] = [[] for _ in sources]
     tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
     calls = [(max(limits, default=0), list(range(len(sources))))]
-    options = {"suppress_sequences": [[piece] for piece in barred] or None}
+    suppressed = [*barred, *never_sampled] if search.sampling_topk else list(barred)
+    options = {"suppress_sequences": [[piece] for piece in suppressed] or None}
     if search.sampling_topk:  # CTranslate2's topk 0 is all tokens, 1 greedy search
         warnings.warn("an exported folder samples from generators that seed= does not reach (CTranslate2 issue "
                       "#1757): its samples differ between runs; sample with the training checkpoint to reproduce "
                       "them", stacklevel=2)  # fmt: skip
-        options = dict(sampling_topk=max(search.sampling_topk, 0), sampling_temperature=search.temperature,
-                       suppress_sequences=[[piece] for piece in (*barred, *never_sampled)] or None)  # fmt: skip
+        options.update(sampling_topk=max(search.sampling_topk, 0), sampling_temperature=search.temperature)
     while calls:
         max_length, group = calls.pop()
         results = engine.translate_batch(
