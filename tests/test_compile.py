@@ -4,18 +4,24 @@ sync, a data-dependent shape or branch would break the graph, and fullgraph=True
 import copy
 import functools
 from collections import Counter
+from unittest import mock
 
 import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 from torch._dynamo.utils import counters
+from torch._functorch.aot_autograd import aot_module_simplified
+from torch._inductor.decomposition import select_decomp_table
 
 from transformer.benchmarks.kernel_calls import synthetic_batch
 from transformer.data import TranslationDataModule
 from transformer.data.batching import padded_length
-from transformer.model import ModelConfig, RuntimeConfig, SequenceLayout, build_model
+from transformer.model import ModelConfig, RuntimeConfig, SequenceLayout, build_model, cross_entropy
+from transformer.model.activation import ReLU
 from transformer.model.compiling import compile_dynamic
+from transformer.model.layers import FeedForward
 from transformer.model.loss import batch_loss_sum, loss_sum
 
 from .helpers import RECORD, LossRecorder, callback, config, run_train, tiny_data, write_text_corpus
@@ -42,23 +48,29 @@ def test_collator_gives_the_host_values_the_step_needs():
 ONE_LAYER = dict(n_encoder_layers=1, n_decoder_layers=1)
 
 
-def check_compiled_training_step_equals_eager(backend: str) -> None:
-    """The model compiled as training compiles it, over two batches of other sizes: one graph, equal to eager."""
+def check_compiled_training_step_equals_eager(backend: str, checkpointed: bool = False) -> None:
+    """The model compiled as training compiles it, over two batches of other sizes: one graph, equal to eager. With
+    dropout: a compiled CPU model draws the same masks from the same generator, in the same order, as eager, and its
+    backward reuses them (a mask drawn again would give other gradients)."""
     torch.manual_seed(0)
-    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, dropout=0.0, **ONE_LAYER)
-    eager = build_model(cfg).train()
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, dropout=0.2,
+                                activation_dropout=0.1, **ONE_LAYER)  # fmt: skip
+    eager = build_model(cfg, RuntimeConfig(activation_checkpointing=checkpointed)).train()
     compiled = copy.deepcopy(eager)
     torch._dynamo.reset()
     counters.clear()
     compile_dynamic(compiled, fullgraph=True, backend=backend)
-    for batch in (collated([5, 3, 7], [4, 6, 2]), collated([9, 2, 4, 6, 8], [3, 7, 5, 5, 1], seed=1)):
+    eager_loss = mock.patch.object(cross_entropy, "_compiled", False)  # no graph of its own: the model's are counted
+    for seed, batch in enumerate((collated([5, 3, 7], [4, 6, 2]), collated([9, 2, 4, 6, 8], [3, 7, 5, 5, 1], seed=1))):
         assert batch["src_padded"]
         layout = SequenceLayout.right_padded(batch["src_lengths"], batch["src"].size(1), True, batch["src_tokens"])
         results = []
         src, tgt_in, tgt_out, tokens = batch["src"], batch["tgt_in"], batch["tgt_out"], batch["tgt_tokens"]
         for model in (eager, compiled):
             model.zero_grad()
-            value, _ = loss_sum(model, src, tgt_in, tgt_out, 0.1, layout, tokens)
+            torch.manual_seed(seed)
+            with eager_loss:
+                value, _ = loss_sum(model, src, tgt_in, tgt_out, 0.1, layout, tokens)
             value.backward()
             results.append((value.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
         (want, want_grads), (got, got_grads) = results
@@ -75,16 +87,8 @@ def test_training_forward_and_backward_capture_as_one_graph():
 
 def test_activation_checkpointing_compiles_as_one_graph():
     """Eager checkpointing recomputes inside the forward's kernel order (a context_fn), which dynamo refuses: a
-    compiled model checkpoints without it, traced whole."""
-    torch.manual_seed(0)
-    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, dropout=0.0, **ONE_LAYER)
-    model = build_model(cfg, RuntimeConfig(activation_checkpointing=True)).train()
-    torch._dynamo.reset()
-    counters.clear()
-    compile_dynamic(model, fullgraph=True, backend="aot_eager")
-    batch_loss_sum(model, collated([5, 3, 7], [4, 6, 2]), 0.1)[0].backward()
-    assert counters["stats"]["unique_graphs"] == 1
-    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    compiled model checkpoints without it, traced whole; its recomputed dropout masks are the forward's."""
+    check_compiled_training_step_equals_eager("aot_eager", checkpointed=True)
 
 
 @pytest.mark.slow  # inductor compiles C++ kernels: about a minute on 2 cores
@@ -226,3 +230,44 @@ def test_compile_modes_that_cannot_work_are_refused_before_the_data(tmp_path, ov
     with pytest.raises(ValueError, match=message):
         run_train(tmp_path / "run", [*tiny_data(tmp_path / "c", tmp_path / "cache"), *overrides])
     assert not (tmp_path / "cache").exists()
+
+
+def saved_for_backward_dtypes(module: torch.nn.Module, *inputs: torch.Tensor) -> list[torch.dtype]:
+    """The dtypes of what a compiled module's forward saves for its backward, split as inductor splits it (its
+    decompositions, the min-cut partitioner), the C++ compilation left out."""
+    dtypes = []
+
+    def forward_compiler(graph, _):
+        outputs = next(node for node in graph.graph.nodes if node.op == "output").args[0]
+        dtypes.extend(node.meta["val"].dtype for node in outputs if isinstance(node.meta.get("val"), torch.Tensor))
+        return make_boxed_func(graph.forward)
+
+    def backend(graph, example_inputs):
+        return aot_module_simplified(graph, example_inputs, fw_compiler=forward_compiler,
+                                     bw_compiler=lambda g, _: make_boxed_func(g.forward),
+                                     partition_fn=min_cut_rematerialization_partition,
+                                     decompositions=select_decomp_table())  # fmt: skip
+
+    torch._dynamo.reset()
+    torch.compile(module, backend=backend, fullgraph=True)(*inputs).sum().backward()
+    return dtypes
+
+
+def test_a_compiled_cpu_feed_forward_block_saves_no_bool_mask():
+    """Inductor stores CPU bools element by element (torch 2.13): relu's mask and dropout's are not to be saved."""
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, activation_dropout=0.1)
+    block = FeedForward(cfg).train()
+    x = torch.randn(3, 5, cfg.d_model, requires_grad=True)
+    with torch.autocast("cpu", torch.bfloat16):
+        dtypes = saved_for_backward_dtypes(block, x)
+    assert torch.bfloat16 in dtypes and torch.bool not in dtypes
+
+
+def test_the_compiled_cpu_relu_has_relus_gradient_in_float64():
+    x = torch.tensor([-2.0, -0.0, 0.0, 1e-300, 3.0], dtype=torch.float64).repeat(3).requires_grad_()
+    grad = torch.randn(x.shape, dtype=torch.float64)
+    torch._dynamo.reset()
+    torch.compile(ReLU(), backend="aot_eager", fullgraph=True)(x).backward(grad)
+    want = x.detach().clone().requires_grad_()
+    torch.relu(want).backward(grad)
+    assert torch.equal(x.grad, want.grad)

@@ -126,11 +126,33 @@ def test_the_kernel_order_is_set_once_around_the_encoder_and_once_around_the_dec
     assert len(entered) == (2 + 12 if checkpointed else 2)
 
 
+def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smoothing: float, ignore_index: int):
+    """PyTorch's documented label-smoothed cross-entropy, summed, written out: F.cross_entropy itself rounds 1 -
+    smoothing to float32 in its gradient (2.4e-8 off in float64)."""
+    log_p = logits.log_softmax(-1)
+    nll = -log_p.gather(1, labels.clamp(min=0)[:, None]).squeeze(1)
+    loss = (1 - smoothing) * nll - smoothing * log_p.mean(-1)
+    return loss[labels != ignore_index].sum()
+
+
+@pytest.fixture(params=["compiled", "in-place"])
+def logit_kernel(request, monkeypatch):
+    """Which kernel computes the loss and its gradient in the logits: inductor's (a CPU's) or the eager one."""
+    if request.param == "in-place":
+        monkeypatch.setattr(fused, "_compiled", False)
+    eager = mock.Mock(wraps=fused.in_place_logit_loss_and_grad)
+    monkeypatch.setattr(fused, "in_place_logit_loss_and_grad", eager)
+    yield request.param
+    assert eager.called == (request.param == "in-place")
+
+
+@pytest.mark.parametrize("ignore_index", [3, -100], ids=["pad", "minus-100"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("chunk_rows", [None, 7], ids=["one-chunk", "chunked"])
-def test_the_fused_output_layer_and_loss_equal_pytorchs_in_float64(monkeypatch, chunk_rows, bias):
+def test_the_fused_output_layer_and_loss_equal_the_plain_formulation_in_float64(monkeypatch, chunk_rows, bias,
+                                                                               ignore_index, logit_kernel):  # fmt: skip
     torch.manual_seed(0)
-    N, d, vocab, pad = 50, 16, 37, 3
+    N, d, vocab = 50, 16, 37
     if chunk_rows:
         monkeypatch.setattr(fused, "CHUNK_ELEMENTS", chunk_rows * vocab)
     x = torch.randn(N, d, dtype=torch.float64, requires_grad=True)
@@ -138,14 +160,32 @@ def test_the_fused_output_layer_and_loss_equal_pytorchs_in_float64(monkeypatch, 
     b = torch.randn(vocab, dtype=torch.float64, requires_grad=True) if bias else None  # Marian's final_logits_bias
     params = (x, w) if b is None else (x, w, b)
     labels = torch.randint(0, vocab, (N,))
-    labels[::6] = pad  # rows that count for nothing
-    want = F.cross_entropy(F.linear(x, w, b), labels, ignore_index=pad, label_smoothing=0.1, reduction="sum")
-    got = fused.linear_cross_entropy(x, w, labels, 0.1, pad, b)
+    labels[::6] = ignore_index  # rows that count for nothing; -100 is F.cross_entropy's default
+    want = smoothed_cross_entropy(F.linear(x, w, b), labels, 0.1, ignore_index)
+    got = fused.linear_cross_entropy(x, w, labels, 0.1, ignore_index, b)
     torch.testing.assert_close(got, want)
     for g, h in zip(torch.autograd.grad(2.5 * got, params), torch.autograd.grad(2.5 * want, params)):
         torch.testing.assert_close(g, h)
     with torch.no_grad():
-        torch.testing.assert_close(fused.linear_cross_entropy(x, w, labels, 0.1, pad, b), want)
+        torch.testing.assert_close(fused.linear_cross_entropy(x, w, labels, 0.1, ignore_index, b), want)
+
+
+def test_a_cpu_without_a_working_compiler_computes_the_loss_in_eager_ops(monkeypatch):
+    """inductor's kernel cannot be built (no C++ compiler): one warning, the same loss from the eager kernel, and no
+    second try."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    def fails(*args):
+        raise BackendCompilerFailed(lambda: None, RuntimeError("no C++ compiler"), None)
+
+    monkeypatch.setattr(fused, "_compiled", fails)
+    z, labels = torch.randn(5, 9), torch.tensor([1, 2, 0, 8, 4])
+    with pytest.warns(UserWarning, match="no C.. compiler"):
+        total, grad = fused.logit_kernel(z.clone(), labels, 0.1, 0, True)  # the eager kernel overwrites z
+    assert fused._compiled is False
+    want, want_grad = fused.in_place_logit_loss_and_grad(z.clone(), labels, 0.1, 0, True)
+    torch.testing.assert_close((total, grad), (want, want_grad))
+    monkeypatch.setattr(fused, "_compiled", None)
 
 
 def test_the_fused_loss_computes_no_gradient_without_grad_mode_and_leaves_float16_to_the_plain_one():

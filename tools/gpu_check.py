@@ -128,8 +128,8 @@ def training_steps(check: Check, report: Report, size: str) -> None:
     2 steps, then syncs over 50, then throughput; compiled, all of it after the first epoch, whose new batch shapes
     are being recorded as CUDA graphs."""
     smoke = check.args.smoke
-    rows = ["| mode | target tok/s | TFLOP/s | MFU | GPU kernels / step | host launches / step | host syncs | graphs "
-            "(breaks) | batch shapes | CUDA graph skips |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    rows = ["| mode | target tok/s | TFLOP/s | MFU | MFU of the GEMM rate (2048³, TFLOP/s) | GPU kernels / step | "
+            "host launches / step | host syncs | graphs (breaks) | batch shapes | CUDA graph skips |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     speeds = {}
     for mode, overrides in (("eager", []), ("compiled", COMPILED)):
         first = 2 if smoke else (5 if mode == "eager" else 70)
@@ -151,6 +151,7 @@ def training_steps(check: Check, report: Report, size: str) -> None:
         peak = f"{t['mfu']:.1%} of {t['peak_tflops']:.0f}" if t["mfu"] else "n/a"
         where = ", ".join(f"{place} x{n}" for place, n in sync["where"]) or "none"
         rows.append(f"| {mode} | {t['target_tokens_per_s']:,.0f} | {t['tflops']:.1f} | {peak} | "
+                    f"{t['mfu_of_gemm']:.1%} of {t['gemm_tflops']:.1f} | "
                     f"{k['device_kernels'] / k['steps']:.0f} | {k['launches'] / k['steps']:.0f} | {sync['syncs']} in "
                     f"{sync['steps']} steps ({where}) | {graphs['graphs']} ({graphs['breaks']}) | {graphs['shapes']} | "
                     f"{graphs['cudagraph_skips']} |")  # fmt: skip

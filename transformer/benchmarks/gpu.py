@@ -12,6 +12,7 @@ import torch
 from pytorch_lightning import Callback
 
 from ..model import ModelConfig
+from .machine import square_gemm_rate
 
 # Dense bf16 peak FLOP/s (NVIDIA's data sheets, without sparsity), by what torch.cuda.get_device_name() contains
 PEAKS = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("A100", 312e12),
@@ -148,7 +149,8 @@ class Graphs(Callback):
 
 class Throughput(Callback):
     """From optimizer step `first` to the end of training: target tokens per second and model FLOPs utilisation
-    from analytic FLOPs of the real tokens (training_flops) over the device's own bf16 peak. The attention sums
+    from analytic FLOPs of the real tokens (training_flops) over the device's own bf16 peak, and over the GEMM rate
+    it reaches at 2048^3 in the run's precision, measured when training ends. The attention sums
     are added up on the device and read once, at the end."""
 
     def __init__(self, out: str, first: int = 20):
@@ -176,10 +178,13 @@ class Throughput(Callback):
         flops = training_flops(module.model_config, *self.tokens, *self.sums.tolist())
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         peak = peak_flops(name)
+        dtype = torch.bfloat16 if "bf16" in str(trainer.precision) else torch.float32
+        gemm = square_gemm_rate(dtype, "cuda" if torch.cuda.is_available() else "cpu")  # as bench_mfu.py judges
         _write(self.out, "throughput", {
             "device": name, "steps": trainer.global_step - self.first, "seconds": seconds,
             "target_tokens_per_s": self.tokens[1] / seconds, "tflops": flops / seconds / 1e12,
             "peak_tflops": peak and peak / 1e12, "mfu": peak and flops / seconds / peak,
+            "gemm_tflops": gemm / 1e12, "mfu_of_gemm": flops / seconds / gemm,
         })  # fmt: skip
 
 

@@ -1,6 +1,8 @@
 """What a measurement ran on, and how much memory this process holds."""
 
 import platform
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -18,3 +20,33 @@ def status_kib(field: str) -> int:
     """A field of /proc/self/status in KiB, e.g. VmRSS (resident now) or VmHWM (peak resident)."""
     line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
     return int(line.split()[1])
+
+
+def gemm_seconds(m: int, k: int, n: int, dtype: torch.dtype, device: str = "cpu", layout: str = "nt",
+                 repeats: int = 7) -> float:  # fmt: skip
+    """Median seconds of one (m, k) x (k, n) product on `device`; layout says which operand is stored transposed, as
+    a training step stores them: nt, x @ W.t() (forward); nn, g @ W (input gradient); tn, g.t() @ x (weight's). The
+    output is written in place: no allocation is timed. On a GPU each repeat times 20 products between syncs."""
+    a = torch.randn(k, m, dtype=dtype, device=device).t() if layout == "tn" else torch.randn(m, k, dtype=dtype,
+                                                                                               device=device)  # fmt: skip
+    b = torch.randn(n, k, dtype=dtype, device=device).t() if layout == "nt" else torch.randn(k, n, dtype=dtype,
+                                                                                               device=device)  # fmt: skip
+    c = torch.empty(m, n, dtype=dtype, device=device)
+    batch = 20 if device != "cpu" else 1
+    torch.mm(a, b, out=c)  # the library picks and builds its kernel
+    times = []
+    for _ in range(repeats):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(batch):
+            torch.mm(a, b, out=c)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / batch)
+    return statistics.median(times)
+
+
+def square_gemm_rate(dtype: torch.dtype, device: str = "cpu", n: int = 2048) -> float:
+    """FLOP/s of one n^3 product: the machine's GEMM rate that MFU is judged against where no data sheet says."""
+    return 2 * n**3 / gemm_seconds(n, n, n, dtype, device)

@@ -2,8 +2,11 @@
 
 torch's CPU dropout draws one bernoulli sample per element, which costs about 15 times the multiply it feeds:
 on a 2-core CPU, 6-16% of a small Transformer's training step. Here the keep mask comes from 15-bit random
-integers instead (one 64-bit draw per four elements), about 4 times faster. GPUs and torch.compile keep torch's own
-fused dropout.
+integers instead (one 64-bit draw per four elements), about 4 times faster. GPUs keep torch's own fused dropout.
+
+A model compiled for the CPU draws the same mask through an opaque op, `transformer::keep_mask`: inductor's CPU
+dropout draws a Philox number per element and stores its mask as bool, through a vector path that runs element by
+element (torch 2.13), which made the compiled small model's step 0.6x as fast as eager (docs/benchmarks.md).
 """
 
 import torch
@@ -13,7 +16,6 @@ from torch import Tensor, nn
 _RESOLUTION = 1 << 15  # p is rounded to a multiple of 1/32768
 
 
-@torch.compiler.disable  # when a compiled model falls back to eager here, dynamo must not trace the int16 view
 def keep_mask(shape: torch.Size, dropped: int) -> Tensor:
     """A bool tensor of `shape`, each element True with probability 1 - dropped / 32768."""
     n = shape.numel()
@@ -36,6 +38,18 @@ class _CPUDropout(torch.autograd.Function):
         return (grad * keep).mul_(ctx.scale), None
 
 
+# seeded: the partitioner must save its result for backward, never draw it again there
+@torch.library.custom_op("transformer::keep_mask", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def keep_mask_like(x: Tensor, dropped: int) -> Tensor:
+    """keep_mask in x's shape and dtype, 1 where kept and 0 where dropped: what a compiled graph multiplies by."""
+    return keep_mask(x.shape, dropped).to(x.dtype)
+
+
+@keep_mask_like.register_fake
+def _(x: Tensor, dropped: int) -> Tensor:
+    return torch.empty_like(x)
+
+
 class Dropout(nn.Dropout):
     """nn.Dropout with the cheap CPU mask above; the same module otherwise (no parameters, same state dict)."""
 
@@ -43,6 +57,8 @@ class Dropout(nn.Dropout):
         if not self.training or self.p == 0.0:
             return x
         dropped = round(self.p * _RESOLUTION)  # p in steps of 1/32768
-        if x.device.type != "cpu" or not 0 < dropped < _RESOLUTION or torch.compiler.is_compiling():
+        if x.device.type != "cpu" or not 0 < dropped < _RESOLUTION:
             return F.dropout(x, self.p, True, self.inplace)
+        if torch.compiler.is_compiling():  # the mask saved in x's dtype, scaled in float as below
+            return x * keep_mask_like(x.detach(), dropped) * (_RESOLUTION / (_RESOLUTION - dropped))
         return _CPUDropout.apply(x, dropped)

@@ -4,6 +4,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
+from .activation import ReLU
 from .attention import KVCache, MultiHeadAttention
 from .config import ModelConfig, RuntimeConfig
 from .dropout import Dropout
@@ -29,7 +30,7 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.activation = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}[cfg.activation]()
+        self.activation = {"relu": ReLU, "gelu": nn.GELU, "swish": nn.SiLU}[cfg.activation]()
         self.dropout = Dropout(cfg.activation_dropout)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
 

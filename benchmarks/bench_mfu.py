@@ -1,0 +1,121 @@
+"""Model FLOPs utilisation of the training step on this CPU: the real step (`python -m transformer.train` with the
+60-minute recipe's settings, its LightningModule, optimizer and EMA) for each size and mode, against the GEMM rate
+this machine reaches in the same run, at 2048^3 and at the model's own matmul shapes; and where the step's time goes.
+
+    python benchmarks/bench_mfu.py                                    # small and base, eager and compiled
+    python benchmarks/bench_mfu.py --sizes small --modes eager --write   # and record the tables in docs/benchmarks.md
+
+Each run is a subprocess with the StepCost callback (benchmarks/step_cost.py): target tokens/s over --steps
+optimizer steps after a warm-up (a step that compiles is left out and counted), then 3 steps under torch.profiler (time by kind), then 2 under FlopCounterMode
+(FLOPs per target token, padding included, as the step computes them). The GEMM rates are measured by this process
+between the runs, in the precision the run trained in (trainer.precision=auto's choice). Run it alone.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from report import record
+from step_cost import KINDS
+
+from transformer.benchmarks.machine import gemm_seconds, machine, square_gemm_rate
+from transformer.machine.allocator import restart_with_jemalloc
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ["experiment=multi30k_de_en_cpu", "trainer.max_time=null", "trainer.limit_val_batches=0",
+          "trainer.enable_progress_bar=false", "~callbacks.last_checkpoint", "~callbacks.best_checkpoint",
+          "~callbacks.epoch_checkpoints"]  # fmt: skip
+MODES = {"eager": [], "compiled": ["compile=true"]}
+# warm-up steps: a compiled model records its graphs on the first batches (and again once shapes turn dynamic)
+WARMUP = {"eager": 5, "compiled": 12}
+STEPS = {"small": 30, "base": 10}
+
+
+def model_products(model: dict, tokens: int) -> list[tuple[int, int, int, int]]:
+    """(m, k, n, count) of the step's linear-layer products, forward only, at `tokens` rows."""
+    d, ff, V = model["d_model"], model["d_ff"], model["vocab"]
+    return [(tokens, d, 3 * d, model["encoder_layers"] + model["decoder_layers"]),  # self-attention's Q, K, V
+            (tokens, d, d, model["encoder_layers"] + 3 * model["decoder_layers"]),  # out-projections, cross's Q
+            (tokens, d, 2 * d, model["decoder_layers"]),  # cross-attention's K, V
+            (tokens, d, ff, model["encoder_layers"] + model["decoder_layers"]),
+            (tokens, ff, d, model["encoder_layers"] + model["decoder_layers"]),
+            (tokens, d, V, 1)]  # fmt: skip
+
+
+def gemm_rates(model: dict, tokens: int, dtype: torch.dtype) -> tuple[float, float]:
+    """FLOP/s at 2048^3, and over the model's products with their backward's two (each as often as a step has it)."""
+    square = square_gemm_rate(dtype)
+    flops = seconds = 0.0
+    for m, k, n, count in model_products(model, tokens):
+        for shape, layout in (((m, k, n), "nt"), ((m, n, k), "nn"), ((n, m, k), "tn")):
+            flops += count * 2 * m * k * n
+            seconds += count * gemm_seconds(*shape, dtype, layout=layout)
+    return square, flops / seconds
+
+
+def run(size: str, mode: str, steps: int, folder: Path) -> dict:
+    warmup = WARMUP[mode]
+    command = [sys.executable, "-m", "transformer.train", *RECIPE, f"model={size}", *MODES[mode],
+               f"trainer.max_steps={warmup + steps + 3 + 2}", f"hydra.run.dir={folder}",
+               "+callbacks.step_cost._target_=benchmarks.step_cost.StepCost", f"+callbacks.step_cost.out={folder}",
+               f"+callbacks.step_cost.first={warmup}", f"+callbacks.step_cost.steps={steps}"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{size} {mode}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads((folder / "step_cost.json").read_text())
+
+
+def main() -> None:
+    restart_with_jemalloc()  # the GEMMs timed under the allocator training runs with
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["small", "base"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--steps", type=int, help="timed optimizer steps per run (default: small 30, base 10)")
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    print(machine())
+    rates = ["| size | mode | precision | MFLOP / target token | target tok/s | GFLOP/s | GEMM 2048³ GFLOP/s | GEMM at "
+             "the model's shapes | MFU (2048³) | MFU (model's shapes) |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    kinds = ["| size | mode | timed steps (compiling, left out) | step ms (profiled) | " + " | ".join(KINDS) + " |",
+             "|---|---|---:|---:|" + "---:|" * len(KINDS)]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes:
+            for mode in args.modes:
+                found = run(size, mode, args.steps or STEPS[size], Path(tmp) / f"{size}_{mode}")
+                timed, flops, profiled = found["timed"], found["flops"], found["profiled"]
+                per_token = flops["total"] / flops["target_tokens"]
+                speed = timed["target_tokens"] / timed["seconds"]
+                dtype = torch.bfloat16 if "bf16" in found["precision"] else torch.float32
+                torch.set_num_threads(found["threads"])
+                square, own = gemm_rates(found["model"], timed["target_tokens"] // timed["steps"], dtype)
+                achieved = per_token * speed
+                rates.append(f"| {size} | {mode} | {found['precision']} | {per_token / 1e6:.1f} | {speed:,.0f} | "
+                             f"{achieved / 1e9:.0f} | {square / 1e9:.0f} | {own / 1e9:.0f} | {achieved / square:.0%} | "
+                             f"{achieved / own:.0%} |")  # fmt: skip
+                shares = " | ".join(f"{profiled['by_kind'][k] / profiled['seconds']:.0%}" for k in KINDS)
+                step_ms = 1e3 * profiled["seconds"] / profiled["steps"]
+                kinds.append(f"| {size} | {mode} | {timed['steps']} ({timed['compiling_steps']}) | {step_ms:.0f} (unprofiled {1e3 * timed['seconds'] / timed['steps']:.0f}) "
+                             f"| {shares} |")  # fmt: skip
+                print(rates[-1], kinds[-1], sep="\n", flush=True)
+    tables = "\n".join(rates) + "\n\nWhere the step's time goes (torch.profiler's self time by kind; framework: what no op accounts for, Python, Lightning and the autograd engine):\n\n" + "\n".join(kinds)  # fmt: skip
+    print(tables)
+    if args.write:
+        record("bench_mfu", f"Model FLOPs utilisation of the training step (`python benchmarks/bench_mfu.py --sizes "
+               f"{' '.join(args.sizes)} --modes {' '.join(args.modes)} --write`)",
+               ": `python -m transformer.train experiment=multi30k_de_en_cpu model=small` (and `model=base`; its precision, AdamW, EMA, "
+               "logging), validation and checkpoints off; target tokens/s over the timed steps after warm-up "
+               f"({', '.join(f'{m} {n}' for m, n in WARMUP.items())} steps), leaving out a step that compiled (a "
+               "compiled model meeting a new shape: paid once a run); FLOPs per target token from "
+               "FlopCounterMode over 2 steps (forward, loss, backward; padded positions included, as computed). "
+               "GEMM rates measured by the benchmark's process between the runs with the run's threads and dtype: "
+               "at 2048³, and over the step's linear-layer products at its mean tokens per batch (forward, and "
+               "the backward's two with their transposed operands), each as often as a step has it. MFU: "
+               "FLOPs per token x tokens/s over each rate.\n\n" + tables)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""What benchmarks/bench_mfu.py measures inside a real training run (`python -m transformer.train`, this callback
+added by Hydra overrides): target tokens/s over a window of optimizer steps, then where the steps' time goes by kind
+(torch.profiler), then the FLOPs of a step (FlopCounterMode); written as JSON into `out` when training ends."""
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch._inductor.config
+from pytorch_lightning import Callback
+from torch.utils.flop_counter import FlopCounterMode
+
+KINDS = ("matmul", "casts and copies", "elementwise", "norm", "dropout", "optimizer and EMA", "inductor kernels",
+         "framework")  # fmt: skip
+MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
+CASTS = {"aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous"}
+NORM = {"aten::native_layer_norm", "aten::native_layer_norm_backward"}
+# the CPU dropout's mask (transformer/model/dropout.py) and torch's own
+DROPOUT = {"aten::random_", "aten::bitwise_and_", "aten::ge_", "aten::bernoulli_", "aten::native_dropout",
+           "aten::native_dropout_backward"}  # fmt: skip
+
+
+def kind_of(name: str) -> str | None:
+    """The kind of an event the profiler records, by its name; None for what is not an op (Python functions, the
+    autograd engine's nodes, compiled graphs' wrappers), whose self time is the framework's."""
+    if name in MATMUL or "scaled_dot_product" in name:
+        return "matmul"
+    if name in CASTS:
+        return "casts and copies"
+    if name in NORM:
+        return "norm"
+    if name in DROPOUT:
+        return "dropout"
+    if name.startswith(("aten::_fused_adam", "aten::_foreach_")):
+        return "optimizer and EMA"
+    if "cpp_fused" in name or "triton_" in name:  # inductor's kernels (enable_kernel_profile names them)
+        return "inductor kernels"
+    if name.startswith("aten::"):
+        return "elementwise"
+    return None
+
+
+def time_by_kind(self_times: dict[str, float], wall: float) -> dict[str, float]:
+    """Seconds per kind from the profiler's self time per event name; framework: the wall time no op accounts for."""
+    kinds = Counter()
+    for name, seconds in self_times.items():
+        kind = kind_of(name)
+        if kind is not None:
+            kinds[kind] += seconds
+    kinds["framework"] = max(0.0, wall - sum(kinds.values()))
+    return {kind: kinds[kind] for kind in KINDS}
+
+
+def compilations() -> int:
+    """A number that grows whenever dynamo or inductor compiles something (a graph, a recompile, a backward)."""
+    counters = torch._dynamo.utils.counters
+    return sum(sum(counters[group].values()) for group in ("frames", "aot_autograd", "inductor"))
+
+
+class StepCost(Callback):
+    """Optimizer steps first..first+steps-1 timed (target tokens/s), the next `profiled` profiled, the next `counted`
+    FLOP-counted; training should stop after them (trainer.max_steps = first + steps + profiled + counted). A timed
+    step that compiled (a compiled model meeting a new shape) is left out of the rate and counted: its cost is paid
+    once a run, not per step."""
+
+    def __init__(self, out: str, first: int = 5, steps: int = 20, profiled: int = 3, counted: int = 2):
+        self.out, self.first, self.steps, self.profiled, self.counted = Path(out), first, steps, profiled, counted
+        self.found = {"timed": {"steps": 0, "seconds": 0.0, "target_tokens": 0, "compiling_steps": 0}}
+        self.start = None
+        self.step_start: tuple[float, int, int] | None = None  # (clock, compilations, target tokens) of a timed step
+        self.profiler: torch.profiler.profile | None = None
+        self.flops: FlopCounterMode | None = None
+        self.flop_tokens = 0
+        # inductor's C++ kernels named in the profile (set before anything compiles)
+        torch._inductor.config.cpp.enable_kernel_profile = True
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        step, timed_end = trainer.global_step, self.first + self.steps
+        now = time.perf_counter()
+        if self.step_start is not None:  # a timed step ends where the next batch starts: loading counts, as it does
+            self._timed(now - self.step_start[0], compilations() != self.step_start[1], self.step_start[2])
+            self.step_start = None
+        if self.first <= step < timed_end:
+            self.step_start = (now, compilations(), batch["tgt_tokens"])
+        if step == timed_end:
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profiler.start()
+            self.start = time.perf_counter()
+        if step == timed_end + self.profiled:
+            self._profile_done()
+        if timed_end + self.profiled <= step < timed_end + self.profiled + self.counted:
+            self.flops = FlopCounterMode(display=False)
+            self.flops.__enter__()
+            self.flop_tokens += batch["tgt_tokens"]
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.flops is not None:  # the optimizer step ran inside the batch: its FLOPs are counted too
+            self.flops.__exit__(None, None, None)
+            counted = self.found.setdefault("flops", {"total": 0, "target_tokens": 0})
+            counted["total"] += self.flops.get_total_flops()
+            counted["target_tokens"] = self.flop_tokens
+            self.flops = None
+
+    def _timed(self, seconds: float, compiled: bool, target_tokens: int) -> None:
+        timed = self.found["timed"]
+        if compiled:
+            timed["compiling_steps"] += 1
+            return
+        timed["steps"] += 1
+        timed["seconds"] += seconds
+        timed["target_tokens"] += target_tokens
+
+    def _profile_done(self) -> None:
+        wall = time.perf_counter() - self.start
+        self.profiler.stop()
+        self_times = Counter()
+        for event in self.profiler.key_averages():
+            self_times[event.key] += event.self_cpu_time_total / 1e6
+        self.found["profiled"] = {"steps": self.profiled, "seconds": wall, "by_kind": time_by_kind(self_times, wall),
+                                  "top": self_times.most_common(12)}  # fmt: skip
+        self.profiler = None
+
+    def on_train_end(self, trainer, module):
+        cfg = module.model_config
+        self.found["precision"] = str(trainer.precision)
+        self.found["model"] = {"d_model": cfg.d_model, "d_ff": cfg.d_ff, "vocab": cfg.tgt_vocab_size,
+                               "encoder_layers": cfg.n_encoder_layers, "decoder_layers": cfg.n_decoder_layers}  # fmt: skip
+        self.found["threads"] = torch.get_num_threads()
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "step_cost.json").write_text(json.dumps(self.found, indent=1))
