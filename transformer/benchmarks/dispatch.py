@@ -6,7 +6,8 @@ loss, then its backward, under bf16 autocast, after a warm-up step; every ATen o
 below autograd (a TorchDispatchMode) is counted, except views, which launch nothing. Where a CPU dispatches
 differently from a GPU, the GPU's way is taken: dropout is the one fused op a GPU runs (native_dropout, and its
 backward), attention is one fused SDPA kernel each way (the CPU's flash kernel stands in; a GPU's fused kernels take
-the dropout inside), and the explicit path that `backend=auto` takes for a CPU's bf16 training is off."""
+the dropout inside), the explicit path that `backend=auto` takes for a CPU's bf16 training is off, and a compiled
+ReLU keeps torch's backward (a compiled CPU model's reads the ReLU's output, transformer/model/activation.py)."""
 
 import contextlib
 import re
@@ -21,6 +22,7 @@ from torch._inductor.utils import run_and_get_code
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..model.activation import ReLU
 from ..model.dropout import Dropout
 from ..model.kernels import explicit
 from ..model.loss import batch_loss_sum
@@ -58,7 +60,8 @@ def gpu_like_dispatch() -> Iterator[None]:
     """Dropout and attention dispatched as a GPU dispatches them (module docstring)."""
     with mock.patch.object(Dropout, "forward", _fused_dropout), \
             mock.patch.object(F, "scaled_dot_product_attention", _one_kernel_sdpa(F.scaled_dot_product_attention)), \
-            mock.patch.object(explicit, "explicit_is_faster", lambda *args: False):  # fmt: skip
+            mock.patch.object(explicit, "explicit_is_faster", lambda *args: False), \
+            mock.patch.object(ReLU, "forward", torch.nn.ReLU.forward):  # fmt: skip
         yield
 
 

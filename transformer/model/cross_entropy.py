@@ -68,7 +68,8 @@ def in_place_logit_loss_and_grad(z: Tensor, labels: Tensor, smoothing: float, ig
     wide = torch.float64 if z.dtype == torch.float64 else torch.float32
     V = z.size(1)
     ignored = labels.eq(ignore_index)[:, None]  # (n, 1)
-    at = labels.clamp(0, V - 1)[:, None]  # (n, 1): an ignore_index outside the vocabulary (-100) gathers a row's 0
+    # (n, 1): an ignore_index outside the vocabulary (-100) gathers a row's first logit, masked below
+    at = (labels if 0 <= ignore_index < V else labels.clamp(0, V - 1))[:, None]
     z = z.to(wide)
     z_label, z_sum = z.gather(1, at), z.sum(1, keepdim=True)  # (n, 1) each
     top = z.amax(1, keepdim=True)  # (n, 1)
@@ -79,6 +80,8 @@ def in_place_logit_loss_and_grad(z: Tensor, labels: Tensor, smoothing: float, ig
     if not wants_grad:
         return total, None
     p.div_(norm).sub_(smoothing / V)  # (n, V): the gradient in z, but for the label's -(1 - smoothing)
+    if wide == torch.float32:  # one launch fewer than a tensor of the value
+        return total, p.scatter_(1, at, smoothing - 1, reduce="add").masked_fill_(ignored, 0.0)
     minus_one = torch.full(at.shape, smoothing - 1, dtype=wide, device=z.device)  # a scalar would be rounded to float
     return total, p.scatter_add_(1, at, minus_one).masked_fill_(ignored, 0.0)
 
