@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from report import record
-from step_cost import KINDS
+from step_cost import COUNTED, KINDS, PROFILED
 
 from transformer.benchmarks.machine import gemm_seconds, machine, square_gemm_rate
 from transformer.machine.allocator import restart_with_jemalloc
@@ -60,7 +60,7 @@ def gemm_rates(model: dict, tokens: int, dtype: torch.dtype) -> tuple[float, flo
 def run(size: str, mode: str, steps: int, folder: Path) -> dict:
     warmup = WARMUP[mode]
     command = [sys.executable, "-m", "transformer.train", *RECIPE, f"model={size}", *MODES[mode],
-               f"trainer.max_steps={warmup + steps + 3 + 2}", f"hydra.run.dir={folder}",
+               f"trainer.max_steps={warmup + steps + PROFILED + COUNTED}", f"hydra.run.dir={folder}",
                "+callbacks.step_cost._target_=benchmarks.step_cost.StepCost", f"+callbacks.step_cost.out={folder}",
                f"+callbacks.step_cost.first={warmup}", f"+callbacks.step_cost.steps={steps}"]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -87,6 +87,8 @@ def main() -> None:
             for mode in args.modes:
                 found = run(size, mode, args.steps or STEPS[size], Path(tmp) / f"{size}_{mode}")
                 timed, flops, profiled = found["timed"], found["flops"], found["profiled"]
+                if timed["steps"] == 0:
+                    raise SystemExit(f"{size} {mode}: every timed step compiled; try a longer --steps")
                 per_token = flops["total"] / flops["target_tokens"]
                 speed = timed["target_tokens"] / timed["seconds"]
                 dtype = torch.bfloat16 if "bf16" in found["precision"] else torch.float32

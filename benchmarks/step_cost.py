@@ -12,6 +12,7 @@ import torch._inductor.config
 from pytorch_lightning import Callback
 from torch.utils.flop_counter import FlopCounterMode
 
+PROFILED, COUNTED = 3, 2  # steps under the profiler, then under FlopCounterMode
 KINDS = ("matmul", "casts and copies", "elementwise", "norm", "dropout", "optimizer and EMA", "inductor kernels",
          "framework")  # fmt: skip
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
@@ -65,7 +66,7 @@ class StepCost(Callback):
     step that compiled (a compiled model meeting a new shape) is left out of the rate and counted: its cost is paid
     once a run, not per step."""
 
-    def __init__(self, out: str, first: int = 5, steps: int = 20, profiled: int = 3, counted: int = 2):
+    def __init__(self, out: str, first: int = 5, steps: int = 20, profiled: int = PROFILED, counted: int = COUNTED):
         self.out, self.first, self.steps, self.profiled, self.counted = Path(out), first, steps, profiled, counted
         self.found = {"timed": {"steps": 0, "seconds": 0.0, "target_tokens": 0, "compiling_steps": 0}}
         self.start = None
@@ -75,6 +76,10 @@ class StepCost(Callback):
         self.flop_tokens = 0
         # inductor's C++ kernels named in the profile (set before anything compiles)
         torch._inductor.config.cpp.enable_kernel_profile = True
+
+    def on_train_start(self, trainer, module):
+        if trainer.accumulate_grad_batches != 1:  # its windows count batches as optimizer steps
+            raise ValueError(f"StepCost needs trainer.accumulate_grad_batches=1, not {trainer.accumulate_grad_batches}")
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         step, timed_end = trainer.global_step, self.first + self.steps

@@ -178,7 +178,10 @@ class Throughput(Callback):
         flops = training_flops(module.model_config, *self.tokens, *self.sums.tolist())
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         peak = peak_flops(name)
-        dtype = torch.bfloat16 if "bf16" in str(trainer.precision) else torch.float32
+        precision = str(trainer.precision)
+        dtype = (
+            torch.bfloat16 if "bf16" in precision else torch.float16 if precision.startswith("16") else torch.float32
+        )
         gemm = square_gemm_rate(dtype, "cuda" if torch.cuda.is_available() else "cpu")  # as bench_mfu.py judges
         _write(self.out, "throughput", {
             "device": name, "steps": trainer.global_step - self.first, "seconds": seconds,

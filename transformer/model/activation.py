@@ -1,9 +1,9 @@
 """The feed-forward block's ReLU, whose compiled CPU backward reads the ReLU's output rather than a saved bool mask.
 
-Inductor's partitioner saves relu's backward mask (output <= 0) as a bool tensor beside the output the second
-linear layer saves anyway, and its CPU code stores bools through a vector path that runs element by element (torch
-2.13): 75 ms of the compiled small model's 1 s step. g * sign(output) is the same gradient (output >= 0, so its sign
-is 1 where the input was positive, else 0) and leaves nothing but the output to save.
+Inductor's partitioner saves relu's backward mask (output <= 0) as a bool tensor, which its CPU code stores slowly
+(docs/benchmarks.md, "Compiled training step"). g * sign(output) is the same gradient (output >= 0: sign 1 where the
+input was positive, else 0) and needs only the output, in the activation's dtype: the tensor the second linear layer
+saves anyway where no activation dropout comes between.
 """
 
 import torch

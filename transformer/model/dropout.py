@@ -4,9 +4,9 @@ torch's CPU dropout draws one bernoulli sample per element, which costs about 15
 on a 2-core CPU, 6-16% of a small Transformer's training step. Here the keep mask comes from 15-bit random
 integers instead (one 64-bit draw per four elements), about 4 times faster. GPUs keep torch's own fused dropout.
 
-A model compiled for the CPU draws the same mask through an opaque op, `transformer::keep_mask`: inductor's CPU
-dropout draws a Philox number per element and stores its mask as bool, through a vector path that runs element by
-element (torch 2.13), which made the compiled small model's step 0.6x as fast as eager (docs/benchmarks.md).
+A model compiled for a CPU draws the same mask through an opaque op, `transformer::keep_mask`, kept in x's dtype:
+inductor's own CPU dropout (a Philox number per element, a bool mask) made the compiled step slower than eager
+(docs/benchmarks.md, "Compiled training step").
 """
 
 import torch
@@ -47,7 +47,7 @@ def keep_mask_like(x: Tensor, dropped: int) -> Tensor:
 
 @keep_mask_like.register_fake
 def _(x: Tensor, dropped: int) -> Tensor:
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # contiguous, as keep_mask's
 
 
 class Dropout(nn.Dropout):
