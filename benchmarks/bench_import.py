@@ -14,10 +14,8 @@ weights decode every source alike; tests/test_marian.py compares searches on a t
 import argparse
 import gzip
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import sentencepiece as spm
@@ -27,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import record  # noqa: E402
+from transformer.benchmarks.machine import median_seconds  # noqa: E402
 from transformer.import_model import main as import_model  # noqa: E402
 from transformer.translators import CheckpointTranslator  # noqa: E402
 
@@ -68,15 +67,6 @@ def opus_mt_folder(folder: Path):
     return model
 
 
-def timed(run, repeats: int) -> float:
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
@@ -89,11 +79,11 @@ def main() -> None:
         folder.mkdir()
         theirs = opus_mt_folder(folder)
         rows = {
-            "import (ours: model.ckpt and tokenizers written)": timed(
+            "import (ours: model.ckpt and tokenizers written)": median_seconds(
                 lambda: import_model([str(folder), f"output={out}"]), args.repeats),
-            "load (ours: CheckpointTranslator.from_path)": timed(
+            "load (ours: CheckpointTranslator.from_path)": median_seconds(
                 lambda: CheckpointTranslator.from_path(str(out / "model.ckpt")), args.repeats),
-            "load (transformers: MarianMTModel + MarianTokenizer)": timed(
+            "load (transformers: MarianMTModel + MarianTokenizer)": median_seconds(
                 lambda: (transformers.MarianMTModel.from_pretrained(str(folder)),
                          transformers.MarianTokenizer.from_pretrained(str(folder))), args.repeats),
         }  # fmt: skip

@@ -12,12 +12,12 @@ Run it alone, under jemalloc as training runs (LD_PRELOAD; the script restarts i
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from report import record
 
+from transformer.benchmarks.machine import median_seconds
 from transformer.benchmarks.training import train_steps
 from transformer.data import DataConfig, TranslationDataModule
 from transformer.machine.allocator import restart_with_jemalloc
@@ -30,17 +30,6 @@ TOKENS, VOCAB = 3600, 8000  # a recipe batch's real target tokens (max_tokens=40
 def kernel(name: str) -> None:
     """Which kernel the fused piece takes from now on."""
     fused._compiled = False if name == "eager ops" else None
-
-
-def timed(step, repeats: int) -> float:
-    step()
-    step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def loss_rows(repeats: int) -> list[str]:
@@ -64,8 +53,8 @@ def loss_rows(repeats: int) -> list[str]:
         seconds = {}
         for name in ("inductor's kernel", "eager ops"):
             kernel(name)
-            seconds[name] = timed(fused_step, repeats)
-        seconds["plain"] = timed(plain_step, repeats)
+            seconds[name] = median_seconds(fused_step, repeats, warmup=2)
+        seconds["plain"] = median_seconds(plain_step, repeats, warmup=2)
         ours, eager, plain = seconds["inductor's kernel"], seconds["eager ops"], seconds["plain"]
         rows.append(f"| {d} | {1e3 * ours:.1f} | {1e3 * eager:.1f} | {1e3 * plain:.1f} | {eager / ours:.2f}x | "
                     f"{plain / ours:.2f}x |")  # fmt: skip

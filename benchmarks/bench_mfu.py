@@ -22,7 +22,7 @@ import torch
 from report import record
 from step_cost import COUNTED, KINDS, PROFILED
 
-from transformer.benchmarks.machine import gemm_seconds, machine, square_gemm_rate
+from transformer.benchmarks.machine import gemm_seconds, machine, precision_dtype, square_gemm_rate
 from transformer.machine.allocator import restart_with_jemalloc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def main() -> None:
                     raise SystemExit(f"{size} {mode}: every timed step compiled; try a longer --steps")
                 per_token = flops["total"] / flops["target_tokens"]
                 speed = timed["target_tokens"] / timed["seconds"]
-                dtype = torch.bfloat16 if "bf16" in found["precision"] else torch.float32
+                dtype = precision_dtype(found["precision"])
                 torch.set_num_threads(found["threads"])
                 square, own = gemm_rates(found["model"], timed["target_tokens"] // timed["steps"], dtype)
                 achieved = per_token * speed

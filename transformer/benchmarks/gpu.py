@@ -12,7 +12,7 @@ import torch
 from pytorch_lightning import Callback
 
 from ..model import ModelConfig
-from .machine import square_gemm_rate
+from .machine import precision_dtype, square_gemm_rate
 
 # Dense bf16 peak FLOP/s (NVIDIA's data sheets, without sparsity), by what torch.cuda.get_device_name() contains
 PEAKS = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("A100", 312e12),
@@ -178,11 +178,9 @@ class Throughput(Callback):
         flops = training_flops(module.model_config, *self.tokens, *self.sums.tolist())
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         peak = peak_flops(name)
-        precision = str(trainer.precision)
-        dtype = (
-            torch.bfloat16 if "bf16" in precision else torch.float16 if precision.startswith("16") else torch.float32
-        )
-        gemm = square_gemm_rate(dtype, "cuda" if torch.cuda.is_available() else "cpu")  # as bench_mfu.py judges
+        gemm = square_gemm_rate(
+            precision_dtype(str(trainer.precision)), "cuda" if torch.cuda.is_available() else "cpu"
+        )  # as bench_mfu.py judges
         _write(self.out, "throughput", {
             "device": name, "steps": trainer.global_step - self.first, "seconds": seconds,
             "target_tokens_per_s": self.tokens[1] / seconds, "tflops": flops / seconds / 1e12,

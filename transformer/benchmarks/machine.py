@@ -22,6 +22,25 @@ def status_kib(field: str) -> int:
     return int(line.split()[1])
 
 
+def median_seconds(run, repeats: int, warmup: int = 0) -> float:
+    """Median wall seconds of `run()` over `repeats` calls, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The dtype a Lightning precision ("bf16-mixed", "16-mixed", "32-true", ...) computes matmuls in."""
+    if "bf16" in precision:
+        return torch.bfloat16
+    return torch.float16 if precision.startswith("16") else torch.float32
+
+
 def gemm_seconds(m: int, k: int, n: int, dtype: torch.dtype, device: str = "cpu", layout: str = "nt",
                  repeats: int = 7) -> float:  # fmt: skip
     """Median seconds of one (m, k) x (k, n) product on `device`; layout says which operand is stored transposed, as

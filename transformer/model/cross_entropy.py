@@ -39,13 +39,18 @@ def linear_cross_entropy(x: Tensor, weight: Tensor, labels: Tensor, label_smooth
     return _LinearCrossEntropy.apply(x, weight, bias, labels, label_smoothing, ignore_index)
 
 
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """Where logits and sums are kept: float64's in float64, everything else's in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def logit_loss_and_grad(z: Tensor, labels: Tensor, smoothing: float | Tensor, ignore_index: int | Tensor,
                         wants_grad: bool) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """(the label-smoothed cross-entropy of logits z (n, V) summed over rows, its gradient in z in z's dtype or None),
     rows labelled ignore_index counting for nothing: the plain formula, which inductor compiles into one pass over
     each row (_compiled_kernel). Per row, with lse the log-sum-exp of z and e the smoothing: loss = lse - (1 - e)
     z[label] - e / V * sum(z), PyTorch's; its gradient softmax(z) - (1 - e) onehot - e / V."""
-    wide = torch.float64 if z.dtype == torch.float64 else torch.float32  # where logits and sums are kept
+    wide = _wide(z.dtype)  # where logits and sums are kept
     zw, V = z.to(wide), z.size(1)
     ignored = labels.eq(ignore_index)[:, None]  # (n, 1)
     is_label = torch.arange(V, device=z.device) == labels[:, None]  # (n, V): no gather, so any ignore_index works
@@ -65,7 +70,7 @@ def in_place_logit_loss_and_grad(z: Tensor, labels: Tensor, smoothing: float, ig
                                  wants_grad: bool) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """logit_loss_and_grad in eager ops, in place in z (float32's and float64's) or in one float32 copy of it: where
     no compiled kernel runs."""
-    wide = torch.float64 if z.dtype == torch.float64 else torch.float32
+    wide = _wide(z.dtype)
     V = z.size(1)
     ignored = labels.eq(ignore_index)[:, None]  # (n, 1)
     # (n, 1): an ignore_index outside the vocabulary (-100) gathers a row's first logit, masked below
@@ -109,7 +114,7 @@ def logit_kernel(z: Tensor, labels: Tensor, smoothing: float, ignore_index: int,
     if (z.device.type != "cpu" or _compiled is False or _get_current_dispatch_mode() is not None
             or _get_current_function_mode_stack()):  # fmt: skip
         return in_place_logit_loss_and_grad(z, *args)
-    wide = torch.float64 if z.dtype == torch.float64 else torch.float32
+    wide = _wide(z.dtype)
     values = torch.tensor(smoothing, dtype=wide), torch.tensor(ignore_index)
     try:
         with torch._dynamo.config.patch(recompile_limit=VARIANTS):
@@ -132,7 +137,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         wants_x, wants_weight, wants_bias = ctx.needs_input_grad[:3]
         wants_grad = wants_x or wants_weight or wants_bias
         rows = max(1, CHUNK_ELEMENTS // V)
-        wide = torch.float64 if x.dtype == torch.float64 else torch.float32  # where sums over chunks are kept
+        wide = _wide(x.dtype)  # where sums over chunks are kept
         grad_x = torch.empty_like(x) if wants_x and N > rows else None  # one chunk's is x's gradient
         grad_weight = weight.new_zeros(weight.shape, dtype=wide) if wants_weight and N > rows else None  # summed
         grad_bias = weight.new_zeros(V, dtype=wide) if wants_bias else None  # summed over rows

@@ -24,13 +24,18 @@ def keep_mask(shape: torch.Size, dropped: int) -> Tensor:
     return chunks.bitwise_and_(_RESOLUTION - 1).ge_(dropped)
 
 
+def _scale(dropped: int) -> float:
+    """1 / P(keep), exactly; applied in float, not rounded to x's dtype first."""
+    return _RESOLUTION / (_RESOLUTION - dropped)
+
+
 class _CPUDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, dropped: int) -> Tensor:
         keep = keep_mask(x.shape, dropped)
-        ctx.scale = _RESOLUTION / (_RESOLUTION - dropped)  # 1 / P(keep), exactly
+        ctx.scale = _scale(dropped)
         ctx.save_for_backward(keep)
-        return (x * keep).mul_(ctx.scale)  # scaled in float, not by a scale rounded to x's dtype
+        return (x * keep).mul_(ctx.scale)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
@@ -59,6 +64,6 @@ class Dropout(nn.Dropout):
         dropped = round(self.p * _RESOLUTION)  # p in steps of 1/32768
         if x.device.type != "cpu" or not 0 < dropped < _RESOLUTION:
             return F.dropout(x, self.p, True, self.inplace)
-        if torch.compiler.is_compiling():  # the mask saved in x's dtype, scaled in float as below
-            return x * keep_mask_like(x.detach(), dropped) * (_RESOLUTION / (_RESOLUTION - dropped))
+        if torch.compiler.is_compiling():  # the mask saved in x's dtype
+            return x * keep_mask_like(x.detach(), dropped) * _scale(dropped)
         return _CPUDropout.apply(x, dropped)
