@@ -80,8 +80,9 @@ def main() -> None:
     print(machine())
     rates = ["| size | mode | precision | MFLOP / target token | target tok/s | GFLOP/s | GEMM 2048³ GFLOP/s | GEMM at "
              "the model's shapes | MFU (2048³) | MFU (model's shapes) |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    kinds = ["| size | mode | timed steps (compiling, left out) | step ms (profiled) | " + " | ".join(KINDS) + " |",
-             "|---|---|---:|---:|" + "---:|" * len(KINDS)]  # fmt: skip
+    kinds = ["| size | mode | timed steps (compiling, left out) | step ms (profiled) | " + " | ".join(KINDS) +
+             " | of which parameter-shaped casts: calls/step, share | other casts: calls/step, share |",
+             "|---|---|---:|---:|" + "---:|" * (len(KINDS) + 2)]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             for mode in args.modes:
@@ -99,11 +100,13 @@ def main() -> None:
                              f"{achieved / 1e9:.0f} | {square / 1e9:.0f} | {own / 1e9:.0f} | {achieved / square:.0%} | "
                              f"{achieved / own:.0%} |")  # fmt: skip
                 shares = " | ".join(f"{profiled['by_kind'][k] / profiled['seconds']:.0%}" for k in KINDS)
+                casts = " | ".join(f"{calls / profiled['steps']:.0f}, {seconds / profiled['seconds']:.1%}"
+                                   for calls, seconds in profiled["casts"].values())  # fmt: skip
                 step_ms = 1e3 * profiled["seconds"] / profiled["steps"]
                 kinds.append(f"| {size} | {mode} | {timed['steps']} ({timed['compiling_steps']}) | {step_ms:.0f} (unprofiled {1e3 * timed['seconds'] / timed['steps']:.0f}) "
-                             f"| {shares} |")  # fmt: skip
+                             f"| {shares} | {casts} |")  # fmt: skip
                 print(rates[-1], kinds[-1], sep="\n", flush=True)
-    tables = "\n".join(rates) + "\n\nWhere the step's time goes (torch.profiler's self time by kind; framework: what no op accounts for, Python, Lightning and the autograd engine):\n\n" + "\n".join(kinds)  # fmt: skip
+    tables = "\n".join(rates) + "\n\nWhere the step's time goes (torch.profiler's self time by kind; framework: what no op accounts for, Python, Lightning and the autograd engine; casts split by their operand: a parameter's shape, what bf16 working weights would remove, or another):\n\n" + "\n".join(kinds)  # fmt: skip
     print(tables)
     if args.write:
         record("bench_mfu", f"Model FLOPs utilisation of the training step (`python benchmarks/bench_mfu.py --sizes "

@@ -74,12 +74,14 @@ class StepCost(Callback):
         self.profiler: torch.profiler.profile | None = None
         self.flops: FlopCounterMode | None = None
         self.flop_tokens = 0
+        self.parameter_shapes: set[tuple[int, ...]] = set()
         # inductor's C++ kernels named in the profile (set before anything compiles)
         torch._inductor.config.cpp.enable_kernel_profile = True
 
     def on_train_start(self, trainer, module):
         if trainer.accumulate_grad_batches != 1:  # its windows count batches as optimizer steps
             raise ValueError(f"StepCost needs trainer.accumulate_grad_batches=1, not {trainer.accumulate_grad_batches}")
+        self.parameter_shapes = {tuple(p.shape) for p in module.parameters()}
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         step, timed_end = trainer.global_step, self.first + self.steps
@@ -90,7 +92,7 @@ class StepCost(Callback):
         if self.first <= step < timed_end:
             self.step_start = (now, compilations(), batch["tgt_tokens"])
         if step == timed_end:
-            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
             self.profiler.start()
             self.start = time.perf_counter()
         if step == timed_end + self.profiled:
@@ -124,8 +126,21 @@ class StepCost(Callback):
         for event in self.profiler.key_averages():
             self_times[event.key] += event.self_cpu_time_total / 1e6
         self.found["profiled"] = {"steps": self.profiled, "seconds": wall, "by_kind": time_by_kind(self_times, wall),
-                                  "top": self_times.most_common(12)}  # fmt: skip
+                                  "casts": self._casts_by_operand(), "top": self_times.most_common(12)}  # fmt: skip
         self.profiler = None
+
+    def _casts_by_operand(self) -> dict[str, list]:
+        """[calls, seconds] of the profiled steps' casts and copies whose operand has a parameter's shape (autocast's
+        weight casts and their gradients' casts back: what bf16 working weights would remove) and of the rest
+        (activations, layouts, scalars)."""
+        casts = {"parameter-shaped": [0, 0.0], "other": [0, 0.0]}
+        for event in self.profiler.key_averages(group_by_input_shape=True):
+            if event.key in CASTS:
+                operand = tuple(event.input_shapes[0]) if event.input_shapes else ()
+                row = casts["parameter-shaped" if operand in self.parameter_shapes else "other"]
+                row[0] += event.count
+                row[1] += event.self_cpu_time_total / 1e6
+        return casts
 
     def on_train_end(self, trainer, module):
         cfg = module.model_config
