@@ -16,7 +16,7 @@ from transformer.config.schema import register_configs
 from .helpers import ROOT
 
 PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")])
-COMMANDS = ("train", "prepare", "evaluate", "translate", "export", "serve")
+COMMANDS = ("train", "prepare", "evaluate", "translate", "score", "export", "serve")
 
 
 def test_the_configuration_reference_is_the_config_s():

@@ -90,7 +90,7 @@ def test_no_module_of_the_package_imports_itself_through_others():
 
 
 # what users run: the package root holds these and nothing else (export and serve: packages run by __main__)
-COMMANDS = {"transformer.train", "transformer.prepare", "transformer.evaluate", "transformer.translate",
+COMMANDS = {"transformer.train", "transformer.prepare", "transformer.evaluate", "transformer.translate", "transformer.score",
             "transformer.average", "transformer.import_model", "transformer.export.__main__",
             "transformer.serve.__main__"}  # fmt: skip
 

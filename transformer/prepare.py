@@ -18,35 +18,49 @@ from .data import (
     example_lengths,
     padding_fraction,
 )
+from .data.cleaning import DROP_REASONS
+from .data.prepare import dropped_file
 
 log = logging.getLogger(__name__)
 
 
+# prepare's column headings for cleaning.DROP_REASONS
+REASON_HEADINGS = {"empty": "empty", "copy": "copy", "language": "lang", "duplicate": "dup",
+                   "repeated_source": "rep.src", "score": "score", "too_long": "long", "length_ratio": "ratio"}  # fmt: skip
+
+
 def _training_table(prepared: PreparedData, cfg: DataConfig) -> list[str]:
-    """One row per corpus's training split: what cleaning dropped, in pairs and in tokens, and its part in the mix."""
+    """One row per corpus's training split: what cleaning dropped by reason, the tokens it took, its part in the
+    mix; then where each lists its dropped pairs."""
     mix = prepared.mixture
     rows = [
-        f"{'training corpus':<18}{'pairs':>9}{'kept':>9}{'dropped: empty':>15}{'long':>7}{'ratio':>7}"
-        f"{'tokens lost: empty':>19}{'long':>9}{'ratio':>9}{'src mean/p95':>14}{'tgt mean/p95':>14}"
-        f"{'weight':>8}{'share':>7}{'per epoch':>10}{'repeats':>8}",
+        f"{'training corpus':<18}{'pairs':>9}{'kept':>9}  dropped:"
+        + "".join(f"{REASON_HEADINGS[r]:>8}" for r in DROP_REASONS)
+        + f"{'tokens lost':>12}{'src mean/p95':>14}{'tgt mean/p95':>14}{'weight':>8}{'share':>7}{'per epoch':>10}"
+        f"{'repeats':>8}",
     ]
     for (name, corpus), kept, share, drawn in zip(cfg.all_corpora().items(), mix.sizes, mix.shares, mix.counts()):
         s = prepared.corpus_stats[name][corpus.train_split]
-        d, t = s["dropped"], s["dropped_tokens"]
         rows.append(
-            f"{name:<18}{s['pairs']:>9}{s['kept']:>9}{d['empty']:>15}{d['too_long']:>7}{d['length_ratio']:>7}"
-            f"{t['empty']:>19}{t['too_long']:>9}{t['length_ratio']:>9}"
+            f"{name:<18}{s['pairs']:>9}{s['kept']:>9}{'':10}"
+            + "".join(f"{s['dropped'][r]:>8}" for r in DROP_REASONS)
+            + f"{sum(s['dropped_tokens'].values()):>12}"
             f"{s['src_mean']:>8.1f}/{s['src_p95']:<5.0f}{s['tgt_mean']:>8.1f}/{s['tgt_p95']:<5.0f}"
             f"{corpus.weight:>8.3g}{share:>7.1%}{drawn:>10}{drawn / max(kept, 1):>7.2f}x"
         )
     how = f"temperature {cfg.temperature}" if cfg.temperature else "weights"
     rows.append(f"shares by {how}; {mix.epoch_pairs} pairs per epoch")
+    for name, corpus in cfg.all_corpora().items():
+        if sum(prepared.corpus_stats[name][corpus.train_split]["dropped"].values()):
+            rows.append(
+                f"{name}'s dropped pairs, by line and reason: {dropped_file(prepared.folder, name, corpus.train_split)}"
+            )
     return rows
 
 
 def report(prepared: PreparedData, cfg: DataConfig) -> str:
-    """A table of the training corpora (see _training_table), then one of every split: pairs, kept and dropped
-    (empty, too long, length ratio), repaired (undecodable bytes, control characters, evaluation sequences cut to
+    """A table of the training corpora (see _training_table), then one of every split: pairs, kept and dropped,
+    repaired (undecodable bytes, control characters, evaluation sequences cut to
     max_length), lengths, batches per epoch, padding."""
     corpora = cfg.all_corpora()
     tok = prepared.src_tokenizer
@@ -61,7 +75,7 @@ def report(prepared: PreparedData, cfg: DataConfig) -> str:
         "",
         *_training_table(prepared, cfg),
         "",
-        f"{'split':<26}{'pairs':>9}{'kept':>9}{'empty':>7}{'long':>6}{'ratio':>7}{'utf8':>6}{'ctrl':>6}{'cut':>5}"
+        f"{'split':<26}{'pairs':>9}{'kept':>9}{'dropped':>9}{'utf8':>6}{'ctrl':>6}{'cut':>5}"
         f"{'src mean/p95':>14}{'tgt mean/p95':>14}{'batches':>9}{'padding':>9}",
     ]
     trains = [example_lengths(prepared.corpora[n][c.train_split]) for n, c in corpora.items()]
@@ -105,7 +119,7 @@ def _training_stats(prepared: PreparedData, cfg: DataConfig, train: np.ndarray, 
 def _split_row(label: str, s: dict, batches: list, lengths: np.ndarray, length_rungs: int | None) -> str:
     d, r = s["dropped"], s["repaired"]
     return (
-        f"{label:<26}{s['pairs']:>9}{s['kept']:>9}{d['empty']:>7}{d['too_long']:>6}{d['length_ratio']:>7}"
+        f"{label:<26}{s['pairs']:>9}{s['kept']:>9}{sum(d.values()):>9}"
         f"{r['invalid_utf8']:>6}{r['control_chars']:>6}{r['truncated']:>5}"
         f"{s['src_mean']:>8.1f}/{s['src_p95']:<5.0f}{s['tgt_mean']:>8.1f}/{s['tgt_p95']:<5.0f}"
         f"{len(batches):>9}{padding_fraction(batches, lengths, length_rungs):>9.1%}"

@@ -24,6 +24,7 @@ def write_word_for_word_corpus(folder: Path, n: int) -> None:
 
 def config(folder: Path, tmp_path: Path, **overrides) -> DataConfig:
     """A DataConfig for a small corpus written by write_text_corpus."""
+    # language_id off: random words from two lists are no language (tests/test_cleaning.py judges real sentences)
     values = dict(path=str(folder), test_split="test", vocab_size=340, max_length=100, max_tokens=200,
-                  cache_dir=str(tmp_path / "cache"))  # fmt: skip
+                  cache_dir=str(tmp_path / "cache"), language_id=False)  # fmt: skip
     return DataConfig(**{**values, **overrides})

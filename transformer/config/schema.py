@@ -103,6 +103,22 @@ class TranslateConfig(SearchConfig):
 
 
 @dataclass(frozen=True)
+class ScoreConfig:
+    ckpt_path: str = MISSING  # the model that scores each target given its source
+    reverse_ckpt_path: str | None = None  # a model of the other direction: adds each source's score given its target
+    # and the dual conditional cross-entropy (Junczys-Dowmunt 2018), the column prepare then filters by
+    split: str = "train"  # the split of the checkpoint's corpus, or of data.path's, to score
+    output: str | None = None  # the scores' TSV; null: {split}.{src}-{tgt}.scores.tsv in the corpus folder
+    chunk_pairs: int = 10_000  # pairs scored and written at a time: a killed run resumes at its first chunk not written
+    max_tokens: int | None = None  # padded tokens per batch; null: the checkpoint's data.max_tokens
+    precision: str | None = None  # 32 or bf16; null: as the checkpoint was trained
+    ema: bool = False  # the weights' moving average (checkpoints trained with optim.ema_decay)
+    device: str = "cpu"  # cpu, cuda, cuda:1, ...
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    data: DataChoice = field(default_factory=DataChoice)
+
+
+@dataclass(frozen=True)
 class ExportConfig:
     ckpt_path: str = MISSING  # a training checkpoint, or an average of them
     output: str | None = None  # the CTranslate2 folder; null: RUN/export/{quantization} beside the checkpoint
@@ -153,7 +169,7 @@ def register_configs() -> None:
     """Called by every entry point before Hydra composes (and by tests that compose the real config)."""
     store = ConfigStore.instance()
     for name, schema in (("train", TrainConfig), ("evaluate", EvaluateConfig), ("translate", TranslateConfig),
-                         ("export", ExportConfig), ("serve", ServeConfig)):  # fmt: skip
+                         ("score", ScoreConfig), ("export", ExportConfig), ("serve", ServeConfig)):  # fmt: skip
         store.store(name=f"{name}_schema", node=_writable(OmegaConf.structured(schema)))
     store.store(group="trainer", name="schema", node=OmegaConf.structured(trainer_arguments(pl.Trainer)))
     # hydra.run.dir: a resumed run continues in its checkpoint's run folder, and evaluation writes there too

@@ -27,6 +27,11 @@ class CorpusConfig:
     tag: str | None = (
         None  # a reserved piece put before every source of this corpus, e.g. __bt__ (<bt> needs quotes in overrides)
     )
+    # a file `python -m transformer.score` wrote for the training split: the pairs it ranks lowest (by its dual
+    # column where it has one, else forward) are dropped, as min_score and keep_best say
+    scores: str | None = None
+    min_score: float | None = None  # with scores: pairs scored under this are dropped
+    keep_best: float | None = None  # with scores: only this fraction of the pairs, the best scored, is kept
 
     def __post_init__(self):
         check_field_types(self, self._prefix())
@@ -36,6 +41,11 @@ class CorpusConfig:
             raise ValueError(f"{self._prefix()}.format={self.format!r} is not one of {', '.join(FORMATS)}")
         if not self.weight > 0:
             raise ValueError(f"{self._prefix()}.weight={self.weight} must be positive; leave a corpus out to skip it")
+        if (self.scores is None) != (self.min_score is None and self.keep_best is None):
+            raise ValueError(f"{self._prefix()}.scores filters by {self._prefix()}.min_score or .keep_best: give "
+                             "the score file with one of them, or neither")  # fmt: skip
+        if self.keep_best is not None and not 0 < self.keep_best <= 1:
+            raise ValueError(f"{self._prefix()}.keep_best={self.keep_best} must be a fraction in (0, 1]")
         if self.tag is not None and (not self.tag.strip() or self.tag != "".join(self.tag.split())):
             raise ValueError(f"{self._prefix()}.tag={self.tag!r} must be one piece without spaces, e.g. __bt__")
 
@@ -72,6 +82,14 @@ class DataConfig(CorpusConfig):
     tokenizer_sentences: int = 500_000  # the tokenizer trains on at most this many sentences, sampled by the mix
     max_length: int = 250  # training pairs with more tokens on either side are dropped
     max_length_ratio: float = 3.0  # training pairs whose token counts differ by more than this factor are dropped
+    # training pairs with a side in another language than data.src / data.tgt are dropped (fastText's identifier,
+    # docs/data.md#cleaning); null: where the identifier knows both codes; true: an unknown code is an error
+    language_id: bool | None = None
+    language_threshold: float = 0.1  # a side is in another language when its own gets a probability under this
+    language_min_chars: int = 15  # sides shorter than this many characters are not judged (short ones fool it)
+    dedupe: bool = True  # training pairs identical to an earlier one (case and runs of whitespace aside) are dropped
+    max_targets_per_source: int | None = 10  # a source's training pairs past this many are dropped; null: none
+    drop_copies: bool = True  # training pairs whose target is the source untranslated (its letters, case aside)
     max_tokens: int = 4096  # padded tokens per batch (batch size x longest sequence)
     # batches padded to a ladder of lengths, this many rungs per octave (16: at most 1/16 more), both sides to one,
     # and the loss computed at every target position: a bounded set of batch shapes, which compiled graphs and CUDA
@@ -109,9 +127,13 @@ class DataConfig(CorpusConfig):
         if self.src == self.tgt:
             raise ValueError(f"data.src and data.tgt are both {self.src!r}; choose two languages")
         for name in ("vocab_size", "max_length", "max_tokens", "tokenizer_sentences", "buffer_pairs",
-                     "temperature", "epoch_pairs", "length_rungs"):  # fmt: skip
+                     "temperature", "epoch_pairs", "length_rungs", "max_targets_per_source"):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"data.{name}={getattr(self, name)} must be positive")
+        if not 0 <= self.language_threshold <= 1:
+            raise ValueError(f"data.language_threshold={self.language_threshold} must be a probability in [0, 1]")
+        if self.language_min_chars < 0:
+            raise ValueError(f"data.language_min_chars={self.language_min_chars} must be 0 or more")
         if self.max_tokens < self.max_length + 1:
             raise ValueError(
                 f"data.max_tokens={self.max_tokens} cannot hold one pair of data.max_length={self.max_length} tokens "

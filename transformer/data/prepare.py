@@ -25,9 +25,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .cleaning import CONTROL, DROP_REASONS, clean, empty, length_stats, record_batches, repairs
+from .cleaning import (
+    CONTROL,
+    DROP_REASONS,
+    clean,
+    copies,
+    duplicates,
+    empty,
+    length_stats,
+    record_batches,
+    repairs,
+    write_dropped,
+    wrong_languages,
+)
 from .config import CorpusConfig, DataConfig
+from .language import judged_languages
 from .mixing import Mixture, mixture_shares
+from .scores import below, read_scores
 from .sources import LARGE, DataError, load_corpus, progress_bars_if_large
 from .tokenizer import SentencePiece, train_sentencepiece
 
@@ -100,6 +114,17 @@ def _rows(ds: datasets.Dataset, index: np.ndarray, columns: tuple[str, ...]) -> 
                 texts[column] += taken.column(column).to_pylist()
         start += batch.num_rows
     return texts
+
+
+def _file_digest(path: Path) -> str | None:
+    """A file's content digest (None where there is no file: reading it later names the problem)."""
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def tokenizer_file_names(src: str, tgt: str, joint: bool) -> tuple[str, str]:
@@ -175,11 +200,33 @@ def _tokenizers(cfg: DataConfig, trains: list[datasets.Dataset], shares: np.ndar
     return models[0], models[1], reused
 
 
-def _encode_corpus(corpus: CorpusConfig, splits: datasets.DatasetDict, cfg: DataConfig, src_tok: SentencePiece,
-                   tgt_tok: SentencePiece) -> tuple[dict[str, datasets.Dataset], dict[str, dict]]:  # fmt: skip
+def _text_drops(ds: datasets.Dataset, cfg: DataConfig, corpus: CorpusConfig, key: str,
+                languages: tuple[str, str] | None) -> dict[str, np.ndarray]:  # fmt: skip
+    """Per reason of cleaning.TEXT_REASONS that data.* asks for, the pairs of ds (texts) it holds for (bool); `key`:
+    the corpus's settings' prefix (data, data.corpora.NAME)."""
+    drops = {"empty": empty(ds)}
+    if cfg.drop_copies:
+        drops["copy"] = copies(ds)
+    if languages is not None:
+        drops["language"] = wrong_languages(ds, languages, cfg.language_threshold, cfg.language_min_chars)
+    if cfg.dedupe or cfg.max_targets_per_source is not None:
+        duplicate, drops["repeated_source"] = duplicates(ds, cfg.max_targets_per_source)
+        if cfg.dedupe:
+            drops["duplicate"] = duplicate
+    if corpus.scores is not None:
+        drops["score"] = below(
+            read_scores(Path(corpus.scores), ds, f"{key}.scores"), corpus.min_score, corpus.keep_best
+        )
+    return drops
+
+
+def _encode_corpus(corpus: CorpusConfig, key: str, splits: datasets.DatasetDict, cfg: DataConfig,
+                   src_tok: SentencePiece, tgt_tok: SentencePiece, languages: tuple[str, str] | None
+                   ) -> tuple[dict[str, datasets.Dataset], dict[str, dict], dict[str, tuple]]:  # fmt: skip
     """Every split encoded (the tag, if any, first); the training split cleaned, the others cut to max_length.
     Training keeps token ids only (the texts, as large again at WMT size, are for scoring dev and test sets), and
-    its texts too when subword sampling segments them afresh each epoch."""
+    its texts too when subword sampling segments them afresh each epoch. Also returns, for the training split, its
+    texts and each pair's drop reason (cleaning.clean's), to list what was dropped."""
     tag = [src_tok.tag_id(corpus.tag)] if corpus.tag else []
 
     def encode(batch, with_text: bool):  # control characters become spaces
@@ -190,11 +237,11 @@ def _encode_corpus(corpus: CorpusConfig, splits: datasets.DatasetDict, cfg: Data
     def truncate(batch):
         return {side: [x[: cfg.max_length] for x in batch[side]] for side in ("src_ids", "tgt_ids")}
 
-    encoded, stats = {}, {}
+    encoded, stats, dropped_rows = {}, {}, {}
     for split, ds in splits.items():
         train = split == corpus.train_split
         with_text = not train or split in (corpus.valid_split, corpus.test_split) or cfg.sampling_alpha is not None
-        repaired, is_empty = repairs(ds), empty(ds) if train else None
+        texts, repaired, text_drops = ds, repairs(ds), _text_drops(ds, cfg, corpus, key, languages) if train else None
         big = len(ds) > LARGE  # worker processes pay for themselves only on large corpora
         with progress_bars_if_large(len(ds)):
             ds = ds.map(encode, fn_kwargs={"with_text": with_text}, batched=True, batch_size=10_000,
@@ -202,7 +249,8 @@ def _encode_corpus(corpus: CorpusConfig, splits: datasets.DatasetDict, cfg: Data
                         num_proc=os.cpu_count() if big else None)  # fmt: skip
         dropped, dropped_tokens = dict.fromkeys(DROP_REASONS, 0), dict.fromkeys(DROP_REASONS, 0)
         if train:
-            ds, dropped, dropped_tokens = clean(ds, is_empty, cfg.max_length, cfg.max_length_ratio)
+            ds, dropped, dropped_tokens, reason = clean(ds, text_drops, cfg.max_length, cfg.max_length_ratio)
+            dropped_rows[split] = texts, reason
         else:  # evaluation pairs are never dropped; sequences too long to batch are cut to max_length tokens
             longest = np.maximum(*(pc.list_value_length(ds.data.column(c)).to_numpy() for c in ("src_ids", "tgt_ids")))
             repaired["truncated"] = int((longest > cfg.max_length).sum())
@@ -216,7 +264,12 @@ def _encode_corpus(corpus: CorpusConfig, splits: datasets.DatasetDict, cfg: Data
             log.info(
                 "%s/%s: dropped %s", corpus.path, split, ", ".join(f"{n} {reason}" for reason, n in dropped.items())
             )
-    return encoded, stats
+    return encoded, stats, dropped_rows
+
+
+def dropped_file(folder: Path, corpus: str, split: str) -> Path:
+    """The list of a training split's dropped pairs (cleaning.write_dropped) in an encoded folder."""
+    return folder / corpus / f"dropped.{split}.tsv"
 
 
 def _load_encoded(folder: Path, names: list[str]) -> tuple[dict[str, datasets.DatasetDict], dict] | None:
@@ -252,19 +305,23 @@ def written_whole(folder: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _save(corpora: dict[str, dict[str, datasets.Dataset]], stats: dict, folder: Path) -> None:
+def _save(corpora: dict[str, dict[str, datasets.Dataset]], stats: dict, dropped_rows: dict[str, dict[str, tuple]],
+          folder: Path) -> None:  # fmt: skip
     with written_whole(folder) as tmp:
         for name, splits in corpora.items():
             for split, ds in splits.items():
                 with progress_bars_if_large(len(ds)):
                     ds.save_to_disk(str(tmp / name / split), num_shards=max(1, math.ceil(len(ds) / SHARD_PAIRS)))
             (tmp / name / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}))
+            for split, (texts, reason) in dropped_rows[name].items():
+                write_dropped(dropped_file(tmp, name, split), texts, reason)
         (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
 
 
 def prepare_data(cfg: DataConfig) -> PreparedData:
     """Train or reuse the tokenizer, encode and clean every split of every corpus, or reuse all of it."""
     corpora = cfg.all_corpora()
+    languages = judged_languages(cfg.src, cfg.tgt, cfg.language_id)
     loaded, fingerprints = {}, []
     for name, corpus in corpora.items():
         loaded[name], fingerprint = load_corpus(corpus, cfg.src, cfg.tgt, cfg.cache_dir)
@@ -292,15 +349,21 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     # a text that starts with a reserved piece is encoded as that tag, then the rest (tokenizer.encode): a cache
     # encoded before, by a tokenizer with reserved pieces, is not reused
     leading_tags = ["leading tags"] if src_tok.tags or tgt_tok.tags else []
-    folder = tok_folder / f"encoded.{_key(cfg.max_length, cfg.max_length_ratio, *training_text, *leading_tags)}"
+    scoring = [(c.scores and _file_digest(Path(c.scores)), c.min_score, c.keep_best) for c in corpora.values()]
+    cleaning = [languages, cfg.language_threshold, cfg.language_min_chars, cfg.dedupe, cfg.max_targets_per_source,
+                cfg.drop_copies, *(scoring if any(c.scores for c in corpora.values()) else [])]  # fmt: skip
+    key = _key(cfg.max_length, cfg.max_length_ratio, *training_text, *leading_tags, *cleaning)
+    folder = tok_folder / f"encoded.{key}"
     cached = _load_encoded(folder, list(corpora)) if folder.exists() else None
     if cached is None:
         if folder.exists():
             shutil.rmtree(folder)
-        encoded, stats = {}, {}
+        encoded, stats, dropped_rows = {}, {}, {}
         for name, corpus in corpora.items():
-            encoded[name], stats[name] = _encode_corpus(corpus, loaded[name], cfg, src_tok, tgt_tok)
-        _save(encoded, stats, folder)
+            key = "data" if name == cfg.main_name else f"data.corpora.{name}"
+            encoded[name], stats[name], dropped_rows[name] = _encode_corpus(corpus, key, loaded[name], cfg, src_tok,
+                                                                            tgt_tok, languages)  # fmt: skip
+        _save(encoded, stats, dropped_rows, folder)
         for splits in loaded.values():  # the encoding maps' own cache files, next to the text's Arrow copy
             for ds in splits.values():
                 ds.cleanup_cache_files()
