@@ -42,7 +42,7 @@ from .config import CorpusConfig, DataConfig
 from .language import judged_languages
 from .mixing import Mixture, mixture_shares
 from .scores import below, read_scores
-from .sources import LARGE, DataError, load_corpus, progress_bars_if_large
+from .sources import LARGE, DataError, file_sha256, load_corpus, progress_bars_if_large
 from .tokenizer import SentencePiece, train_sentencepiece
 
 log = logging.getLogger(__name__)
@@ -116,15 +116,9 @@ def _rows(ds: datasets.Dataset, index: np.ndarray, columns: tuple[str, ...]) -> 
     return texts
 
 
-def _file_digest(path: Path) -> str | None:
-    """A file's content digest (None where there is no file: reading it later names the problem)."""
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+def _score_file_digest(path: Path) -> str | None:
+    """A score file's content digest for the cache key (None where there is none: reading it names the problem)."""
+    return file_sha256(path).hexdigest() if path.is_file() else None
 
 
 def tokenizer_file_names(src: str, tgt: str, joint: bool) -> tuple[str, str]:
@@ -349,7 +343,7 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     # a text that starts with a reserved piece is encoded as that tag, then the rest (tokenizer.encode): a cache
     # encoded before, by a tokenizer with reserved pieces, is not reused
     leading_tags = ["leading tags"] if src_tok.tags or tgt_tok.tags else []
-    scoring = [(c.scores and _file_digest(Path(c.scores)), c.min_score, c.keep_best) for c in corpora.values()]
+    scoring = [(c.scores and _score_file_digest(Path(c.scores)), c.min_score, c.keep_best) for c in corpora.values()]
     cleaning = [languages, cfg.language_threshold, cfg.language_min_chars, cfg.dedupe, cfg.max_targets_per_source,
                 cfg.drop_copies, *(scoring if any(c.scores for c in corpora.values()) else [])]  # fmt: skip
     key = _key(cfg.max_length, cfg.max_length_ratio, *training_text, *leading_tags, *cleaning)

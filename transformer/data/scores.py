@@ -12,7 +12,7 @@ import numpy as np
 from .cleaning import record_batches
 from .sources import DataError
 
-COLUMNS = ("line", "forward", "reverse", "dual")
+COLUMNS = ("line", "forward", "reverse", "dual")  # a score file's header; the last two with a reverse model
 
 
 def card_path(scores: Path) -> Path:

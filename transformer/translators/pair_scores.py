@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..data.batching import Collate, TokenBatchSampler
 from ..data.cleaning import CONTROL
-from ..data.scores import card_path, dual_score
+from ..data.scores import COLUMNS, card_path, dual_score
 from ..model.loss import target_logits, target_positions
 from .checkpoint import CheckpointTranslator
 from .corpus import check_settings, synced, write_atomically
@@ -76,7 +76,7 @@ def score_split(ds: datasets.Dataset, output: Path, settings: dict, forward: Che
         rows = zip(range(start + 1, start + len(pairs["src"]) + 1), *columns)
         write_atomically(part, "".join("\t".join([str(line)] + [f"{v:.6f}" for v in values]) + "\n"
                                        for line, *values in rows))  # fmt: skip
-    header = ["line", "forward"] + (["reverse", "dual"] if reverse is not None else [])
+    header = COLUMNS if reverse is not None else COLUMNS[:2]  # line, forward[, reverse, dual]
     partial = output.with_name(output.name + ".partial")
     with partial.open("w") as out:
         out.write("\t".join(header) + "\n")
