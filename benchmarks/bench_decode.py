@@ -95,21 +95,12 @@ def measure(args) -> dict:
         if run is None:
             return {}
     else:
-        from transformer.translators.ctranslate2 import CTranslate2Translator, ctranslate2_search
+        from transformer.translators.ctranslate2 import CTranslate2Translator
 
         exported = CTranslate2Translator(decoder, threads=threads)
 
         def run(todo):
-            return ctranslate2_search(
-                exported.engine,
-                *exported.pieces,
-                todo,
-                search,
-                exported.eos_piece,
-                exported.use_vmap,
-                exported.barred,
-                exported.max_positions,
-            )  # a shortlisted folder decodes with its shortlist
+            return exported.searcher.best(todo, search)  # a shortlisted folder decodes with its shortlist
 
     seconds, found = timed(run, sources, sources[:16], reps)
     return {

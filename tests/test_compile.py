@@ -131,15 +131,25 @@ def test_a_compiled_run_recompiles_a_bounded_number_of_times(tmp_path, monkeypat
     assert counters["frames"]["ok"] == counters["frames"]["total"]  # no frame left to run uncompiled
 
 
-# The ladder of 16 rungs per octave, as padded_length's docstring states it: every length up to 16, even ones to 32,
-# multiples of 4 to 64, of 8 to 128 (the recipe's sequences stay below 128)
-LADDER_16 = {*range(1, 17), *range(18, 33, 2), *range(36, 65, 4), *range(72, 129, 8)}
+def ladder(rungs: int, top: int = 128) -> set[int]:
+    """The ladder as padded_length's docstring states it: every length up to `rungs`, then octave by octave with the
+    rungs twice as far apart (16: even lengths to 32, multiples of 4 to 64, of 8 to 128)."""
+    lengths, step = set(range(1, rungs + 1)), 1
+    while max(lengths) < top:
+        step *= 2
+        lengths |= set(range(rungs * step // 2 + step, rungs * step + 1, step))
+    return lengths
+
+
+LADDER_16 = {*range(1, 17), *range(18, 33, 2), *range(36, 65, 4), *range(72, 129, 8)}  # the recipe's, written out
 
 
 def test_padded_length_is_the_next_rung_of_the_ladder():
     assert [padded_length(n, 16) for n in (1, 16, 17, 18, 33, 36, 37, 65, 127)] == [1, 16, 18, 18, 36, 36, 40, 72, 128]
     assert [padded_length(n, 4) for n in (4, 5, 7, 9, 13)] == [4, 6, 8, 12, 16] and padded_length(17, None) == 17
     assert padded_length(np.array([17, 5]), 16).tolist() == [18, 5]
+    assert ladder(16) == LADDER_16
+    assert all({padded_length(n, rungs) for n in range(1, 129)} == ladder(rungs) for rungs in (4, 16))
 
 
 def test_length_rungs_bound_the_batch_shapes_which_compile_as_one_graph(tmp_path, corpus):
@@ -161,7 +171,7 @@ def test_length_rungs_bound_the_batch_shapes_which_compile_as_one_graph(tmp_path
         loader.batch_sampler.set_epoch(epoch)
         for batch in loader:
             B, L = batch["src"].shape
-            assert batch["tgt_in"].shape == (B, L) and L in LADDER_16, L  # a rung, not any length
+            assert batch["tgt_in"].shape == (B, L) and L in ladder(rungs), L  # a rung of this ladder, not any length
             assert batch["tgt_positions"].shape == batch["tgt_labels"].shape == (B * L,)
             shapes[(B, L)] += 1
             batch_loss_sum(model, batch, 0.1)[0].backward()

@@ -204,11 +204,17 @@ def test_the_fused_loss_computes_no_gradient_without_grad_mode_and_leaves_float1
     torch.testing.assert_close(half, want)
 
 
-def test_the_bf16_training_loss_and_gradients_match_the_float32_logits_path():
+@pytest.mark.parametrize("chunks", [1, 3], ids=["one-chunk", "chunked"])
+def test_the_bf16_training_loss_and_gradients_match_the_float32_logits_path(monkeypatch, chunks):
     """Within bf16 rounding of the logits path the loss used before: logits in bf16, copied to float32, PyTorch's
-    label-smoothed cross-entropy."""
+    label-smoothed cross-entropy; in one chunk (the weight's gradient one bf16 GEMM) and in several (bf16 parts
+    summed in float32)."""
     model = base_depth_model().train()
     batch = multi30k_like_batch()
+    rows = batch["tgt_labels"].numel()
+    monkeypatch.setattr(fused, "CHUNK_ELEMENTS", -(-rows // chunks) * V)
+    kernel = mock.Mock(wraps=fused.logit_kernel)
+    monkeypatch.setattr(fused, "logit_kernel", kernel)
     results = []
     for fused_loss in (True, False):
         model.zero_grad()
@@ -222,6 +228,7 @@ def test_the_bf16_training_loss_and_gradients_match_the_float32_logits_path():
         loss.backward()
         results.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
     (loss, grads), (want_loss, want_grads) = results
+    assert kernel.call_count == chunks
     torch.testing.assert_close(loss, want_loss, rtol=1e-3, atol=0)
     assert (grads - want_grads).norm() <= 2e-2 * want_grads.norm()
 

@@ -288,7 +288,6 @@ def test_a_shortlisted_export_is_gated_on_bleu_and_its_translations_use_only_the
 
     from transformer.export.__main__ import export
     from transformer.translators import CTranslate2Translator
-    from transformer.translators.ctranslate2 import ctranslate2_nbest
 
     tmp, _, checkpoint = trained
     references = {"parity_input": str(tmp / "c" / "val.de"), "parity_references": str(tmp / "c" / "val.en")}
@@ -310,10 +309,9 @@ def test_a_shortlisted_export_is_gated_on_bleu_and_its_translations_use_only_the
                                              for i in range(src.get_piece_size())))  # fmt: skip
     exported_folder = CTranslate2Translator(folder)
     ids = translator.src_tokenizer.encode((tmp / "c" / "val.de").read_text().splitlines()[:5])
-    found = ctranslate2_nbest(exported_folder.engine, *exported_folder.pieces, ids, SearchConfig(beam_size=2),
-                              exported_folder.eos_piece, 1, exported_folder.use_vmap)  # fmt: skip
+    found = exported_folder.searcher.nbest(ids, SearchConfig(beam_size=2), 1)
     decoded = {i for hyps in found for _, tokens in hyps for i in tokens}
-    assert exported_folder.use_vmap and decoded <= {only, tgt.unk_id(), tgt.bos_id()}
+    assert exported_folder.searcher.use_vmap and decoded <= {only, tgt.unk_id(), tgt.bos_id()}
     for changes, message in (
         ({"parity_input": references["parity_input"]}, "shortlist=true is gated on BLEU: give parity_references"),
         ({"shortlist_per_source": 0}, "shortlist_per_source=0 must be at least 1"),
@@ -394,7 +392,7 @@ def test_the_export_stops_each_sentence_at_the_same_max_length(beam_size, tmp_pa
     """A random model rarely ends a sentence: its hypotheses run to the max-length rule, which differs by source
     length; both engines must cut each at the same place."""
     from transformer.decoding import beam_search, greedy_search
-    from transformer.translators.ctranslate2 import ctranslate2_search
+    from transformer.translators.ctranslate2 import CTranslate2Search
 
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=41, tgt_vocab_size=41, pad_id=0, d_model=32, n_heads=4, d_ff=64,
@@ -414,6 +412,6 @@ def test_the_export_stops_each_sentence_at_the_same_max_length(beam_size, tmp_pa
                 else beam_search(model, src, 2, 3, beam_size, early_stopping=True)[0][0].tokens
             )
     search = SearchConfig(beam_size=beam_size, early_stopping=True)
-    theirs = ctranslate2_search(engine, vocab, vocab, sources, search, SPECIAL["eos"])
+    theirs = CTranslate2Search(engine, vocab, vocab, SPECIAL["eos"]).best(sources, search)
     assert theirs == ours
     assert any(len(h) == int(1.2 * (len(s) + 1) + 10) for h, s in zip(ours, sources))  # some cut at their limit

@@ -14,7 +14,7 @@ from .helpers.host_syncs import CountHostSyncs, HostSyncs
 from .helpers.ranks import run_ranks
 
 STEPS = 3
-THE_ONE_SYNC = "tolist in module.py:read_steps"  # the readout: norms, losses, stop requests at once
+THE_ONE_SYNC = "tolist in steps.py:read"  # the readout: norms, losses, stop requests at once
 COUNT = ["+callbacks.count._target_=tests.helpers.host_syncs.CountHostSyncs", f"+callbacks.count.steps={STEPS}"]
 
 
@@ -70,22 +70,29 @@ def test_one_sync_and_one_collective_per_step_under_ddp(tmp_path):
     for rank in (0, 1):
         counted = json.loads((tmp_path / f"syncs.rank{rank}.json").read_text())
         assert counted["syncs"] == [THE_ONE_SYNC] * STEPS, rank
-        assert counted["collectives"] == ["all_reduce in module.py:_step_totals"] * STEPS, rank
+        assert counted["collectives"] == ["all_reduce in steps.py:totals"] * STEPS, rank
 
 
-def _ddp_rank_signalled(rank: int, corpus, tmp_path) -> None:
+def _ddp_rank_signalled(rank: int, corpus, tmp_path, extra: list[str]) -> None:
     run_train(tmp_path / "run", overrides(corpus, tmp_path, "trainer=ddp", "trainer.accelerator=cpu",
                                           "trainer.devices=2", "trainer.precision=32", "trainer.max_steps=12",
                                           "+callbacks.signal_at._target_=tests.helpers.runs.SignalAt",
-                                          "+callbacks.signal_at.step=4", "+callbacks.signal_at.rank=1"))  # fmt: skip
+                                          "+callbacks.signal_at.step=4", "+callbacks.signal_at.rank=1", *extra))  # fmt: skip
 
 
-def test_a_signal_to_one_ddp_rank_stops_both_after_the_same_step(tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["trainer.log_every_n_steps=50", "+callbacks.checkpoint_on_signal.within_s=1e-6"]],
+    ids=["read-every-logged-step", "read-within-seconds"],
+)  # fmt: skip
+def test_a_signal_to_one_ddp_rank_stops_both_after_the_same_step(tmp_path, extra):
     """SIGTERM reaches rank 1 alone, at the start of step 5: the step's collective tells rank 0, both write last.ckpt
-    after it and exit with 143 (rank 0 alone saving, or the ranks stopping at different steps, would hang or fail)."""
+    after it and exit with 143 (rank 0 alone saving, or the ranks stopping at different steps, would hang or fail).
+    Logging every 50 steps, the request is still read within CheckpointOnSignal's within_s of training, here at
+    once: at rank 0's pace, as both ranks read it, that is the next step."""
     write_text_corpus(tmp_path / "c")
     run_train(tmp_path / "prepare", [*tiny_data(tmp_path / "c", tmp_path / "cache"), "debug=fast"])
-    run_ranks(_ddp_rank_signalled, tmp_path / "c", tmp_path, codes=(128 + signal.SIGTERM,))
+    run_ranks(_ddp_rank_signalled, tmp_path / "c", tmp_path, extra, codes=(128 + signal.SIGTERM,))
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 5 and len(checkpoint["rng"]) == 2
 

@@ -1,4 +1,4 @@
-"""The package's modules import each other without cycles, the commands sit on top (at the package root, imported by
+"""The package's modules and subpackages import each other without cycles, the commands sit on top (at the package root, imported by
 no module, one another included) with a console script each, and the plain-PyTorch packages pull in no framework."""
 
 import ast
@@ -93,6 +93,24 @@ def test_no_module_of_the_package_imports_itself_through_others():
 COMMANDS = {"transformer.train", "transformer.prepare", "transformer.evaluate", "transformer.translate", "transformer.score",
             "transformer.average", "transformer.import_model", "transformer.export.__main__",
             "transformer.serve.__main__"}  # fmt: skip
+
+
+def package_of(module: str) -> str:
+    """A module's subpackage (transformer.data for transformer.data.prepare); a command stands for itself."""
+    return module if module in COMMANDS else ".".join(module.split(".")[:2])
+
+
+def test_no_subpackage_imports_back_up_through_another():
+    """Subpackages, not only modules, form no circle: what a lower package uses imports nothing above it (model's and
+    data's configs once imported config/check.py, whose package also holds schema.py, which imports both)."""
+    graph = {}
+    for name, imports in import_graph().items():
+        graph.setdefault(package_of(name), set()).update({package_of(m) for m in imports} - {package_of(name)})
+    for imports in list(graph.values()):
+        for package in imports:
+            graph.setdefault(package, set())
+    found = cycles(graph)
+    assert not found, f"subpackages that import each other (the shared part belongs below both): {found}"
 
 
 def test_the_package_root_holds_the_commands_and_nothing_else():

@@ -73,11 +73,23 @@ DENSE = dict(site="decoder.layers.0.self_attn", nested=False, batch=8, heads=8, 
 KERNEL_NAMES = {int(kernel): name for name, kernel in SDPA_BACKENDS.items() if kernel is not None}
 
 
-def test_jagged_inputs_are_judged_in_the_order_pytorch_reports():
-    """Nested inputs take PyTorch's default priority order, whatever a context sets for dense ones: read from
-    PyTorch, not from our table."""
-    reported = tuple(KERNEL_NAMES[i] for i in torch._C._get_sdp_priority_order() if i in KERNEL_NAMES)
-    assert JAGGED_ORDER == reported
+def test_jagged_inputs_are_judged_in_the_order_pytorch_reports(monkeypatch):
+    """Nested inputs take the order of PyTorch's nested path, whatever a context sets for dense ones: read from its
+    selection (torch.nested._internal.sdpa) by letting every kernel take the call, then refusing the one chosen."""
+    import torch.nested._internal.sdpa as jagged
+
+    takes = dict.fromkeys(JAGGED_ORDER, True)
+    monkeypatch.setattr(jagged, "SDPAParams", lambda *args: None)
+    for rule, kernel in (("can_use_flash_attention", "flash"), ("_can_use_flash_sdpa_jagged", "flash"),
+                         ("can_use_efficient_attention", "efficient"), ("_can_use_efficient_sdpa_jagged", "efficient"),
+                         ("math_sdp_enabled", "math"), ("_can_use_math_sdpa_jagged", "math"),
+                         ("can_use_cudnn_attention", "cudnn")):  # fmt: skip
+        monkeypatch.setattr(jagged, rule, lambda *args, kernel=kernel, **kwargs: takes[kernel])
+    chosen = []
+    while (backend := jagged._select_sdp_backend(None, None, None, None, 0.0, False, False)) in SDPA_BACKENDS.values():
+        chosen.append(KERNEL_NAMES[int(backend)])
+        takes[chosen[-1]] = False
+    assert tuple(chosen) == JAGGED_ORDER
 
 
 @pytest.mark.parametrize("nested", [False, True], ids=["dense", "jagged"])

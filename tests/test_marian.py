@@ -231,7 +231,6 @@ def pad_loving(opus_mt, tmp_path_factory):
 def test_pad_is_never_generated_by_greedy_beam_sampling_or_the_export(pad_loving, tmp_path):
     from transformer.export.__main__ import export
     from transformer.translators import CTranslate2Translator
-    from transformer.translators.ctranslate2 import ctranslate2_nbest
 
     folder, model, imported = pad_loving
     translator = CheckpointTranslator.from_path(str(imported / "model.ckpt"))
@@ -255,8 +254,7 @@ def test_pad_is_never_generated_by_greedy_beam_sampling_or_the_export(pad_loving
     exported, failure = export(config)
     assert failure is None  # CTranslate2 bars <pad> as our searches do: the same hypotheses, greedy and beam 5
     engine = CTranslate2Translator(exported)
-    hypotheses = ctranslate2_nbest(engine.engine, *engine.pieces, ids, searches[1], engine.eos_piece, 1,
-                                   barred=engine.barred, max_positions=engine.max_positions)  # fmt: skip
+    hypotheses = engine.searcher.nbest(ids, searches[1], 1)
     assert all(pad not in tokens for hyps in hypotheses for _, tokens in hyps)
     for search in (searches[0], replace(searches[1], early_stopping=True)):  # the folder's translator, as served
         assert engine.translate(texts, search) == translator.translate(texts, search)
@@ -352,10 +350,10 @@ def test_fine_tuning_starts_from_the_imported_model_lowers_the_loss_and_resumes_
 def test_a_fine_tuned_model_averages_exports_through_the_gate_and_serves(fine_tuned, tmp_path):
     from fastapi.testclient import TestClient
 
+    from transformer.config.serve import ServeConfig
     from transformer.export.__main__ import export
     from transformer.serve.__main__ import load_models
     from transformer.serve.app import create_app
-    from transformer.serve.config import ServeConfig
     from transformer.training.averaging import average_checkpoints, checkpoints_in
 
     imported, corpus, _, _, tmp = fine_tuned

@@ -88,7 +88,7 @@ class FirstStep(pl.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step == 1:
-            self.logged = module.readout.loss  # train/loss
+            self.logged = module.ledger.readout.loss  # train/loss
 
 
 @pytest.mark.slow  # a training run

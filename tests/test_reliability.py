@@ -20,6 +20,7 @@ from omegaconf import open_dict
 from transformer.train import cli, train
 from transformer.training.checkpoint import KILL_AT, AtomicCheckpointIO, RunFolderLock
 from transformer.training.errors import TrainingError
+from transformer.training.steps import StepLedger
 
 from .helpers import ROOT, compose_train, config, run_train, tiny_data, write_text_corpus
 
@@ -90,6 +91,16 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_stops_training_at_the_ne
     assert sorted(weights) == [1, 2, 3, 4, 5, 6]
     assert torch.equal(weights[6], weights[5]) and not torch.equal(weights[5], weights[4])
     assert torch.isfinite(weights[6]).all()
+
+
+def test_an_unfused_optimizer_is_refused_before_it_could_apply_a_non_finite_step():
+    """The device-side skip relies on fused AdamW reading found_inf; an unfused optimizer ignores it and would apply
+    the NaN update silently: one line instead, and nothing handed to the optimizer."""
+    ledger = StepLedger()
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))], fused=False)
+    with pytest.raises(TrainingError, match=r"^AdamW\(fused=False\) would apply a non-finite step's update"):
+        ledger.skip_if_not_finite(optimizer, torch.tensor(float("nan")))
+    assert not hasattr(optimizer, "found_inf")
 
 
 def disk_has(monkeypatch, free: int) -> None:

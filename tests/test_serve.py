@@ -7,11 +7,11 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
+from transformer.config.serve import ServeConfig
 from transformer.data.sources import DataError
 from transformer.serve.__main__ import load_models
 from transformer.serve.app import create_app
 from transformer.serve.batcher import Batcher, QueueFull
-from transformer.serve.config import ServeConfig
 from transformer.serve.text import join_sentences, split_sentences
 from transformer.translators import Decoding, SearchConfig
 

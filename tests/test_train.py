@@ -382,8 +382,8 @@ def test_fp16s_scaled_gradients_are_unscaled_before_they_are_measured_and_clippe
                                                    "trainer.max_steps=3", "trainer.log_every_n_steps=1",
                                                    "trainer.limit_val_batches=0", "trainer.gradient_clip_val=1.0",
                                                    "~logger", "trainer.enable_progress_bar=false"])  # fmt: skip
-        norms[precision] = trainer.lightning_module.readout.grad_norm
-    assert type(trainer.precision_plugin) is MixedPrecision and trainer.lightning_module.skipped_steps == 0
+        norms[precision] = trainer.lightning_module.ledger.readout.grad_norm
+    assert type(trainer.precision_plugin) is MixedPrecision and trainer.lightning_module.ledger.skipped_steps == 0
     assert norms["16-mixed"] == pytest.approx(norms["32-true"], rel=0.05)
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from importlib.metadata import version
 from pathlib import Path
 
+from .base.errors import first_line
 from .cli.command import exit_with
 from .data import DataConfig
 from .data.prepare import write_tokenizer_folder
@@ -73,7 +74,7 @@ def local_folder(source: str) -> Path:
     try:
         return Path(snapshot_download(source, allow_patterns=[*weights, *TOKENIZER_FILES]))
     except Exception as e:  # no network and nothing cached, a hub error: its first line
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        reason = first_line(e, 200)
         raise FileNotFoundError(f"SOURCE={source} could not be downloaded ({reason}); check the network, or give a "
                                 "folder save_pretrained wrote") from None  # fmt: skip
 

@@ -10,14 +10,14 @@ import yaml
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import OmegaConf
 
-from ..config.check import check_value
+from ..base.typecheck import check_value
 from ..config.schema import register_configs
 from ..data.sources import DataError
 from ..data.sources import read_lines as read_corpus_lines
 from ..training.errors import TrainingError
 from .console import quiet_console
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).parents[1] / "configs"  # configs/ of a checkout (a link), or the wheel's copy
 
 
 def exit_with(error: Exception | str, status: int = 2) -> typing.NoReturn:

@@ -21,10 +21,10 @@ import yaml
 from ..data.config import CorpusConfig, DataConfig
 from ..model import ModelConfig, RuntimeConfig
 from ..model.config import MODEL_SIZES
-from ..serve.config import ServeConfig
 from ..training import OptimConfig, ValidationConfig
 from ..translators import SearchConfig
 from .schema import FROM_TOKENIZER, EvaluateConfig, ExportConfig, TrainConfig, TranslateConfig
+from .serve import ServeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -490,7 +490,7 @@ def render() -> str:
         "## serve",
         "",
         "`python -m transformer.serve models=[PATH,...] [key=value ...]` (`configs/serve.yaml`, schema `ServeConfig` in"
-        " `transformer/serve/config.py`; the API: [serve.md](serve.md)).",
+        " `transformer/config/serve.py`; the API: [serve.md](serve.md)).",
         *fields_table(ServeConfig, ""),
         "",
         "## prepare",

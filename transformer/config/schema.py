@@ -13,13 +13,13 @@ import pytorch_lightning as pl
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from ..base.typecheck import accepted
 from ..data import DataConfig
 from ..model import ModelConfig, RuntimeConfig
-from ..serve.config import ServeConfig
 from ..training import OptimConfig, ValidationConfig
 from ..training.resume import run_dir_for
 from ..translators import SearchConfig
-from .check import accepted
+from .serve import ServeConfig
 
 FROM_TOKENIZER = ("src_vocab_size", "tgt_vocab_size", "pad_id")
 
@@ -106,7 +106,7 @@ class TranslateConfig(SearchConfig):
 class ScoreConfig:
     ckpt_path: str = MISSING  # the model that scores each target given its source
     reverse_ckpt_path: str | None = None  # a model of the other direction: adds each source's score given its target
-    # and the dual conditional cross-entropy (Junczys-Dowmunt 2018), the column prepare then filters by
+    # and the dual conditional cross-entropy (Junczys-Dowmunt 2018), and its own side to the margin prepare filters by
     split: str = "train"  # the split of the checkpoint's corpus, or of data.path's, to score
     output: str | None = None  # the scores' TSV; null: {split}.{src}-{tgt}.scores.tsv in the corpus folder
     chunk_pairs: int = 10_000  # pairs scored and written at a time: a killed run resumes at its first chunk not written

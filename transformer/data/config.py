@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ..config.check import check_field_types
+from ..base.typecheck import check_field_types
 
 FORMATS = ("text", "json", "parquet", "csv", "hub")
 TOKENIZER_TYPES = ("unigram", "bpe")

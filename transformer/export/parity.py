@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 from sacrebleu.metrics import BLEU
 
 from ..translators import CheckpointTranslator, SearchConfig
-from ..translators.ctranslate2 import ctranslate2_search
+from ..translators.ctranslate2 import CTranslate2Search
 
 
 @dataclass
@@ -45,9 +45,7 @@ def parity(translator: CheckpointTranslator, engine, sources: list[str], referen
     src, tgt = translator.src_tokenizer, translator.tgt_tokenizer
     ids = src.encode(sources, tag)
     ours = [h[0].tokens if h else [] for h in translator.search(ids, search)]
-    pieces = tgt.pieces()
-    theirs = ctranslate2_search(engine, src.pieces(), pieces, ids, search, pieces[tgt.eos_id], use_vmap,
-                                [pieces[i] for i in tgt.barred_ids], translator.model_config.max_positions)  # fmt: skip
+    theirs = CTranslate2Search.of(engine, src, tgt, translator.model_config.max_positions, use_vmap).best(ids, search)
     name = "greedy" if search.beam_size == 1 else f"beam {search.beam_size}, length_penalty {search.length_penalty}"
     bleu = BLEU()
     scores = [None, None] if references is None else [bleu.corpus_score(tgt.decode(h), [references]).score

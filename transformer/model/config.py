@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..config.check import check_field_types
+from ..base.typecheck import check_field_types
 from .kernels.backends import SDPA_BACKENDS
 
 ACTIVATIONS = ("relu", "gelu", "swish")

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..base.errors import first_line
 from ..model import ModelConfig
 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}
@@ -110,7 +111,7 @@ def read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
                 return config, load_file(str(folder / name))
             return config, torch.load(folder / name, map_location="cpu", weights_only=True)
         except Exception as e:  # truncated, corrupt, or not weights: its reader's first line
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            reason = first_line(e, 200)
             raise UnsupportedMarian(f"{folder / name} cannot be read ({reason}); download it again") from None
     raise FileNotFoundError(f"{folder} holds neither model.safetensors nor pytorch_model.bin; give the folder "
                             "save_pretrained wrote (config.json beside the weights)")  # fmt: skip

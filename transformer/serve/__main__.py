@@ -9,9 +9,9 @@ import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
 from ..cli.command import CONFIGS, check_overrides, one_line_errors
+from ..config.serve import ServeConfig
 from ..translators import open_translator
 from .app import ServedModel, create_app
-from .config import ServeConfig
 
 
 def load_models(cfg: ServeConfig) -> list[ServedModel]:

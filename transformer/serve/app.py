@@ -14,10 +14,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ..config.serve import ServeConfig
 from ..data.sources import DataError
 from ..translators import Decoding, SearchConfig, Translator
 from .batcher import Batcher, QueueFull
-from .config import ServeConfig
 from .planning import engine_units, plan_texts, rebuild_texts
 
 LANGUAGE_NAMES = {"cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fr": "French", "it": "Italian",

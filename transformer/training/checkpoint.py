@@ -249,12 +249,14 @@ class CheckpointOnSignal(Checkpoint):
     """SIGTERM or Ctrl-C: finish the current batch, write last.ckpt, exit with 128 + the signal number.
     Stopping at a batch boundary keeps the checkpoint exactly resumable; a second Ctrl-C interrupts at once.
     (Lightning's own SIGTERM handling exits with status 0 after any scheduled validation, saving nothing.)
-    Under DDP a signal may reach one rank only: the handler sets the TranslationModule's stop_requested, which the
-    ranks sum in each step's own collective and read with the logging interval's other figures (read_steps), so that
-    all stop after the same step, the interval's last, with no collective or sync of their own.
+    Under DDP a signal may reach one rank only: the handler sets the module's stop request (StepLedger), which the
+    ranks sum in each step's own collective and read with the interval's other figures, so that all stop after the
+    same step with no collective or sync of their own; reads come at least every `within_s` seconds of training
+    (at rank 0's pace), so that the checkpoint is written inside a scheduler's grace period (often 30 s).
     A Checkpoint, so that Lightning runs it after the other callbacks, ExactResume's bookkeeping included."""
 
-    def __init__(self):
+    def __init__(self, within_s: float = 10.0):
+        self.within_s = within_s
         self.received: int | None = None
         self.exit_code: int | None = None
         self._stop_at_epoch_end = self._stop_after_validation = False
@@ -265,6 +267,7 @@ class CheckpointOnSignal(Checkpoint):
 
     def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
         self._module = module
+        module.ledger.stop_within_s = self.within_s
         # Lightning restores the handlers it found before fit when fit ends.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
@@ -280,12 +283,12 @@ class CheckpointOnSignal(Checkpoint):
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.received = signum
-        self._module.stop_requested = True
+        self._module.ledger.stop_requested = True
 
     def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs, batch, batch_idx: int) -> None:
         stop = self.received is not None
         if trainer.world_size > 1:  # every rank's request, as the steps' collectives summed it, read with the interval
-            readout = module.readout
+            readout = module.ledger.readout
             stop = readout is not None and readout.step == trainer.global_step and readout.stop
         if not stop:
             return

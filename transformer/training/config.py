@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from ..config.check import check_field_types
+from ..base.typecheck import check_field_types
 from ..decoding import MAX_LEN_A, MAX_LEN_B
 
 SCHEDULES = ("inverse_sqrt", "cosine")

@@ -70,13 +70,13 @@ class ExactResume(Callback):
     def on_save_checkpoint(self, trainer: Trainer, module: LightningModule, checkpoint: dict) -> None:
         checkpoint["rng"] = every_rank(rng_state())  # each rank's dropout has drawn for its own batches
         checkpoint["validations"] = module.validations
-        checkpoint["skipped_steps"] = module.skipped_steps
+        checkpoint["skipped_steps"] = module.ledger.skipped_steps
 
     def on_load_checkpoint(self, trainer: Trainer, module: LightningModule, checkpoint: dict) -> None:
         rng = checkpoint.get("rng")  # one per rank; a single state in checkpoints before that
         self._rng_to_restore = rng[trainer.global_rank % len(rng)] if isinstance(rng, list) else rng
         module.validations = checkpoint.get("validations", 0)
-        module.skipped_steps = checkpoint.get("skipped_steps", 0)
+        module.ledger.skipped_steps = checkpoint.get("skipped_steps", 0)
 
     def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
         # Resumed from a checkpoint written in on_train_epoch_end, Lightning starts the next epoch afresh only

@@ -6,6 +6,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from torch import Tensor
 
@@ -39,34 +40,49 @@ def holds_training_state(checkpoint: dict) -> bool:
     return "optimizer_states" in checkpoint
 
 
+StartKind = Literal["new", "from a model", "resumed", "resumed from a model"]
+
+
 @dataclass
 class Start:
-    """Where a run starts: the checkpoint it resumes (if any), its data config, and, for a run started from a model
-    (init_from, or resumed after starting so), that model's architecture; with init_from, its weights."""
+    """Where a run starts: its kind, the checkpoint it resumes (if any), its data config, and, for a run started from
+    a model (or resumed after starting so), that model's architecture; starting from it, its weights."""
 
+    kind: StartKind
     ckpt_path: str | None
     checkpoint: dict | None
     data: DataConfig
     model: ModelConfig | None  # None: the `model:` group's choice, sized by the tokenizer
-    weights: dict[str, Tensor] | None  # init_from's, loaded before training; None when resuming (fit loads those)
+    weights: dict[str, Tensor] | None  # the model's, loaded before training; None when resuming (fit loads those)
 
 
 def run_start(init_from: str | None, ckpt_path: str | None, checkpoint: dict | None, run_dir: Path, data: DataConfig,
               choice: dict) -> Start:  # fmt: skip
-    """A checkpoint of weights only given as ckpt_path starts the run as init_from (start_from_weights). A run started
-    from a model takes its architecture and tokenizers; resumed, from its own checkpoint, which names them
-    (data.tokenizer), init_from given again or not."""
+    """A new run; one from a model (init_from, or a checkpoint of weights only given as ckpt_path: start_from_weights),
+    which takes the model's architecture, tokenizers and weights; a resumed run; and a resumed run that started from a
+    model, whose architecture and tokenizers come from init_from given again, or from its own checkpoint, which names
+    them (data.tokenizer)."""
     if checkpoint is not None and not holds_training_state(checkpoint):  # an imported or averaged model
-        init_from, ckpt_path, checkpoint = start_from_weights(ckpt_path, init_from, run_dir), None, None
+        given = f"init_from={start_from_weights(ckpt_path, init_from, run_dir)}"
+        return _from_model("from a model", None, None, checkpoint, given, run_dir, data, choice)
     if init_from:
-        source, given = load_checkpoint(initial_checkpoint_path(init_from)), f"init_from={init_from}"
-    elif checkpoint is not None and checkpoint.get("data", {}).get("tokenizer") and data.tokenizer is None:
-        source, given = checkpoint, f"ckpt_path={ckpt_path}"
-    else:
-        return Start(ckpt_path, checkpoint, data, None, None)
-    data = with_checkpoint_tokenizers(data, source, run_dir / "tokenizer", given)
-    weights = initial_weights(source) if init_from and checkpoint is None else None  # resumed: fit loads its own
-    return Start(ckpt_path, checkpoint, data, initial_model(source, choice, given), weights)
+        kind = "from a model" if checkpoint is None else "resumed from a model"
+        return _from_model(kind, ckpt_path, checkpoint, load_checkpoint(initial_checkpoint_path(init_from)),
+                           f"init_from={init_from}", run_dir, data, choice)  # fmt: skip
+    if checkpoint is None:
+        return Start("new", None, None, data, None, None)
+    if checkpoint.get("data", {}).get("tokenizer") and data.tokenizer is None:
+        return _from_model("resumed from a model", ckpt_path, checkpoint, checkpoint, f"ckpt_path={ckpt_path}",
+                           run_dir, data, choice)  # fmt: skip
+    return Start("resumed", ckpt_path, checkpoint, data, None, None)
+
+
+def _from_model(kind: StartKind, ckpt_path: str | None, checkpoint: dict | None, model: dict, given: str, run_dir: Path,
+                data: DataConfig, choice: dict) -> Start:  # fmt: skip
+    """A start whose architecture and tokenizers are `model`'s (a checkpoint, named by `given`)."""
+    data = with_checkpoint_tokenizers(data, model, run_dir / "tokenizer", given)
+    weights = initial_weights(model) if checkpoint is None else None  # resumed: fit loads its own
+    return Start(kind, ckpt_path, checkpoint, data, initial_model(model, choice, given), weights)
 
 
 def start_from_weights(ckpt_path: str, init_from: str | None, run_dir: Path) -> str:

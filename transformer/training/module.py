@@ -1,21 +1,20 @@
 """The LightningModule: label-smoothed loss per target token, AdamW, warmup schedules, validation BLEU."""
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
 
 from ..data import TranslationDataModule
 from ..model import ModelConfig, RuntimeConfig, build_model
 from ..model.loss import batch_loss_sum
 from .config import OptimConfig, ValidationConfig
 from .ema import WeightAverage
-from .errors import TrainingError
 from .exact_resume import ExactResume
 from .progress import in_place_of
 from .scoring import BleuScorer, Score
+from .steps import StepLedger
 
 
 def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
@@ -27,30 +26,6 @@ def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
         return math.sqrt(warmup / step) if warmup > 0 else 1 / math.sqrt(step)
     progress = min(1.0, (step - warmup) / max(total - warmup, 1))
     return 0.5 * (1 + math.cos(math.pi * progress))
-
-
-@dataclass(frozen=True)
-class StepReadout:
-    """What the host learns of an optimizer step, read from the device with the other steps of its logging interval
-    at once: the interval's one sync. The loggers, the progress bar and the callbacks take these values instead of
-    reading the device again."""
-
-    step: int  # the optimizer step it describes (trainer.global_step after it)
-    loss: float  # label-smoothed loss per target token, over this rank's micro-batches of the step
-    grad_norm: float  # before clipping, of the gradients per target token of the whole step
-    stop: bool  # some rank asked to stop (stop_requested): every rank reads the same answer at the same step
-
-
-@dataclass(frozen=True)
-class PendingStep:
-    """An optimizer step whose figures are still on the device, and what names it if they are not finite."""
-
-    step: int  # trainer.global_step during it (the steps done before)
-    epoch: int
-    batch_idx: int
-    examples: torch.Tensor  # the first examples of its last batch
-    tokens: int  # real target tokens of its micro-batches on this rank
-    values: torch.Tensor  # (2 or 3,) on the device: gradient norm, summed loss, and under DDP the agreed stop request
 
 
 class TranslationModule(pl.LightningModule):
@@ -65,17 +40,11 @@ class TranslationModule(pl.LightningModule):
         self.validation_config = ValidationConfig(**(validation or {}))
         self.runtime_config = RuntimeConfig(**(runtime or {}))
         self.model = build_model(self.model_config, self.runtime_config)
-        self._step_tokens = 0  # real target tokens of this optimizer step's micro-batches so far (host ints)
-        self._step_loss: torch.Tensor | float = 0.0  # their summed loss, on the device
-        self.readout: StepReadout | None = None  # the last optimizer step read from the device (read_steps)
-        self._pending: list[PendingStep] = []  # optimizer steps since the last read
-        self._skipping = None  # the optimizer told to skip a non-finite step on the device (optimizer.found_inf)
-        self.stop_requested = False  # set to stop every rank after the same step (CheckpointOnSignal, on a signal)
+        self.ledger = StepLedger()  # the optimizer steps' tokens, figures, reads and stop request, on the host
         self.validations = 0  # completed validation runs, for bleu_every
         self.scorers: dict[str, BleuScorer] = {}  # validation BLEU per dev set, the main one first; set in setup()
         self.last_score: Score | None = None  # the main dev set's
         self._val_sums: dict[int, list] = {}  # per dev set (dataloader index): [NLL, target tokens] so far
-        self.skipped_steps, self._skipped_in_a_row = 0, 0  # fp16 steps the gradient scaler skipped
         decay = self.optim_config.ema_decay
         self.weight_average = None if decay is None else WeightAverage(decay, self.optim_config.ema_warmup)
 
@@ -94,110 +63,48 @@ class TranslationModule(pl.LightningModule):
         """The loss summed over target tokens: configure_gradient_clipping divides the gradients by the target tokens
         of the whole optimizer step, all micro-batches and ranks (fairseq's way), not by each micro-batch's."""
         loss_sum, _ = self._loss_sum(batch, self.optim_config.label_smoothing, self.optim_config.rdrop_alpha)
-        self._step_tokens += batch["tgt_tokens"]
-        self._step_loss = self._step_loss + loss_sum.detach()
-        self._last_batch = (batch_idx, batch["index"][:8])  # named if gradients blow up
+        self.ledger.add_micro_batch(loss_sum, batch["tgt_tokens"], batch_idx, batch["index"][:8])
         return loss_sum
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         """The step; then the weights' average takes it in, before any callback can checkpoint this batch."""
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        if self._skipping is not None:
-            del self._skipping.found_inf
-            self._skipping = None
+        self.ledger.after_optimizer_step()
         if self.weight_average is not None:
             # step t is counted in global_step only once this hook returns: inside it, global_step is t - 1
             self.weight_average.update(self.model, self.trainer.global_step + 1)
 
-    def _step_totals(self, tokens: int) -> tuple[float | torch.Tensor, bool | torch.Tensor]:
-        """(what turns the accumulated gradients into gradients per target token of the optimizer step, whether some
-        rank asked to stop). Lightning divided each micro-batch's loss by accumulate_grad_batches, and DDP averages
-        gradients over ranks; under DDP the ranks' tokens and stop requests are summed in the step's one collective,
-        and both come back as device tensors that nothing waits for here."""
-        scale = self.trainer.accumulate_grad_batches * self.trainer.world_size
-        if self.trainer.world_size == 1:
-            return scale / max(tokens, 1), self.stop_requested
-        totals = torch.full((2,), float(tokens), device=self.device)  # filled on the device: no copy from the host
-        totals[1:].fill_(float(self.stop_requested))
-        torch.distributed.all_reduce(totals)
-        return scale / totals[0].clamp(min=1), totals[1] > 0
+    def on_fit_start(self) -> None:
+        fp16 = self._grad_scaler is not None
+        self.ledger.start(self.trainer.log_every_n_steps or 50, self.trainer.world_size, fp16, self.global_step)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Divide the gradients by the step's target tokens (_step_totals), then clip by global norm (Trainer's
-        gradient_clip_val). Lightning calls this once per optimizer step, clipping or not, before the step; fp16's
-        scaled gradients are unscaled first. Nothing here waits on the device: a non-finite norm makes the optimizer
-        skip the step on the device (fused AdamW's found_inf; fp16's gradient scaler does so itself), and the step's
-        norm, loss and the ranks' stop request are read with its logging interval's other steps (read_steps)."""
-        tokens, loss_sum = self._step_tokens, self._step_loss
-        self._step_tokens, self._step_loss = 0, 0.0
+        """Lightning calls this once per optimizer step, clipping or not, before the step: the gradients become
+        gradients per target token of the whole step, all micro-batches and ranks (fairseq's way), whose norm the
+        step's figures keep, then are clipped by global norm (Trainer's gradient_clip_val). Nothing here waits on the
+        device: a non-finite norm makes the optimizer skip the step on the device, and the figures are read with the
+        interval's other steps (StepLedger)."""
         scaler = self._grad_scaler
         if scaler is not None:  # Lightning leaves a fused optimizer's gradients scaled; its step would unscale them
             scaler.unscale_(optimizer)  # here instead, before they are measured (the scaler's step then knows)
         params = [p for p in self.parameters() if p.grad is not None]
-        scale, stop = self._step_totals(tokens)
+        # Lightning divided each micro-batch's loss by accumulate_grad_batches, and DDP averages over ranks
+        scale, agreed = self.ledger.totals(self.trainer.accumulate_grad_batches * self.trainer.world_size, self.device)
         torch._foreach_mul_([p.grad for p in params], scale)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if scaler is None:  # fp16's scaler skips a non-finite step itself
-            optimizer.found_inf = (~norm.isfinite()).float()
-            self._skipping = optimizer
-        agreed = [stop.float()] if torch.is_tensor(stop) else []  # DDP's, from the collective
-        batch_idx, examples = self._last_batch
-        values = torch.stack([norm.float(), loss_sum.float(), *agreed])
-        self._pending.append(PendingStep(self.global_step, self.current_epoch, batch_idx, examples, tokens, values))
+        self.ledger.skip_if_not_finite(optimizer, norm)
+        self.ledger.close_step(self.global_step, self.current_epoch, norm, agreed)
         if gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
             torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
         else:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        if (self.global_step + 1) % self.readout_every == 0:
-            self.read_steps()
+        if self.ledger.due(self.global_step + 1):
+            self.ledger.read()
 
     @property
     def _grad_scaler(self) -> torch.amp.GradScaler | None:
         """fp16's gradient scaler (16-mixed), or None."""
         return getattr(self.trainer.precision_plugin, "scaler", None)
-
-    @property
-    def readout_every(self) -> int:
-        """Optimizer steps between reads: the logging interval (50 where logging is off)."""
-        return self.trainer.log_every_n_steps or 50
-
-    def read_steps(self) -> None:
-        """Read the pending steps' figures from the device, in one sync, into `readout` (the last step's); a
-        non-finite gradient norm among them is handled as _non_finite_gradients says. Called every readout_every
-        steps, and before any checkpoint is written and when training ends, so that no checkpoint follows a
-        non-finite step unseen."""
-        if not self._pending:
-            return
-        pending = self._pending
-        rows = torch.stack([p.values for p in pending]).tolist()  # the interval's one sync
-        for i, (p, (grad_norm, loss, *agreed)) in enumerate(zip(pending, rows)):
-            stop = bool(agreed[0]) if agreed else self.stop_requested
-            self.readout = StepReadout(p.step + 1, loss / max(p.tokens, 1), grad_norm, stop)
-            if math.isfinite(grad_norm):
-                self._skipped_in_a_row = 0
-            else:
-                self._pending = pending[i:]  # a read after this one (another save) stops there again
-                self._non_finite_gradients(grad_norm, p)
-        self._pending = []
-
-    def _non_finite_gradients(self, norm: float, step: PendingStep) -> None:
-        """fp16: the gradient scaler skipped this step and lowered its scale (counted, and reported when it keeps
-        happening). bf16 and fp32 have no such remedy: the optimizer skipped the step, and training stops, naming the
-        step and its examples, before any checkpoint is written after it."""
-        if self._grad_scaler is not None:
-            self.skipped_steps += 1
-            self._skipped_in_a_row += 1
-            if self._skipped_in_a_row == 100:
-                rank_zero_warn(
-                    f"the fp16 gradient scaler has skipped 100 steps in a row (step {step.step}): gradients "
-                    "overflow persistently; try trainer.precision=bf16-mixed or a lower optim.lr"
-                )
-            return
-        raise TrainingError(
-            f"non-finite gradient norm ({norm}) at step {step.step} (epoch {step.epoch}, batch {step.batch_idx}, loss "
-            f"{self.readout.loss:.4g}, examples {step.examples.tolist()}); no weights were updated from it and no "
-            "checkpoint written after it: resume from last.ckpt with a lower optim.lr or trainer.precision=32"
-        )
 
     # Validation: loss and perplexity over the whole split; BLEU and chrF from greedy decoding
 
@@ -284,7 +191,7 @@ class TranslationModule(pl.LightningModule):
     # Checkpoints: the tokenizers, so that a checkpoint translates alone; what exact resume needs (ExactResume)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        self.read_steps()  # a non-finite step since the last read stops training here, before this checkpoint
+        self.ledger.read()  # a non-finite step since the last read stops training here, before this checkpoint
         checkpoint["precision"] = str(self.trainer.precision)  # evaluation decodes as validation did
         if self.weight_average is not None and self.weight_average.shadow is not None:
             checkpoint["ema_state_dict"] = self.weight_average.state_dict(prefix="model.")  # as state_dict's names
@@ -293,7 +200,7 @@ class TranslationModule(pl.LightningModule):
             checkpoint.update(data.checkpoint_extras())  # "tokenizers", and "data" for evaluate's defaults
 
     def on_train_end(self) -> None:
-        self.read_steps()
+        self.ledger.read()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         for state in checkpoint.get("optimizer_states", []):  # loading keeps the saved groups' settings: a checkpoint

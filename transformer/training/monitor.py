@@ -9,14 +9,15 @@ from pytorch_lightning import Callback, LightningModule, Trainer
 
 class TrainingMonitor(Callback):
     """Every trainer.log_every_n_steps optimizer steps: train/loss and train/grad_norm (the module's readout of that
-    step), train/lr, train/tokens_per_s (target tokens per second spent in training steps since the last log: forward,
-    backward and optimizer; all ranks together) and train/padding (the fraction of those batches' cells that are
-    padding). They go straight to the loggers as the host values they are: through LightningModule.log each would be
-    copied to the device and read back, a wait per value.
+        step), train/lr, train/tokens_per_s (target tokens per second spent in training steps since the last log: forward,
+        backward and optimizer; all ranks together) and train/padding (the fraction of those batches' cells that are
+        padding). They go straight to the loggers as the host values they are: through LightningModule.log each would be
+        copied to the device and read back, a wait per value.
 
-    When trainer.fit ends, one line on stderr: the training steps' share of its wall clock (forward, backward and
-    optimizer, from each batch's start to its end), validation's (its sanity check included), and the rest's (data
-    waits, checkpoints). The step's one sync keeps a GPU's queue short, so a step's time is about the GPU's."""
+        When trainer.fit ends, one line on stderr: the training steps' share of its wall clock (forward, backward and
+        optimizer, from each batch's start to its end), validation's (its sanity check included), and the rest's (data
+        waits, checkpoints). No step waits for a GPU but the one whose readout is read, once per logging interval: its wait
+    drains the queue, so the steps' time summed over an interval is the GPU's, though one step's alone is the host's."""
 
     def __init__(self):
         self._start = 0.0
@@ -53,7 +54,7 @@ class TrainingMonitor(Callback):
         self._tokens += batch["tgt_tokens"]  # shapes and the collator's counts: host values
         self._real += batch["src_tokens"] + batch["tgt_tokens"]
         self._cells += batch["src"].numel() + batch["tgt_out"].numel()
-        readout, step, every = module.readout, trainer.global_step, trainer.log_every_n_steps
+        readout, step, every = module.ledger.readout, trainer.global_step, trainer.log_every_n_steps
         if readout is None or readout.step != step or step == self._logged or not every or step % every:
             return  # mid-step (accumulating), logged already, or not a step to log
         self._logged = step
@@ -64,8 +65,8 @@ class TrainingMonitor(Callback):
             "train/tokens_per_s": self._tokens * trainer.world_size / max(self._seconds, 1e-9),
             "train/padding": 1 - self._real / max(self._cells, 1),
         }
-        if module.skipped_steps:
-            metrics["train/skipped_steps"] = module.skipped_steps
+        if module.ledger.skipped_steps:
+            metrics["train/skipped_steps"] = module.ledger.skipped_steps
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step - 1)  # Lightning's numbering: the steps done before this one
         self._seconds, self._tokens, self._real, self._cells = 0.0, 0, 0, 0

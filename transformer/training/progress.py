@@ -38,8 +38,8 @@ class ReadoutMetrics:
 
     def get_metrics(self, trainer: Trainer, module: LightningModule) -> dict:
         metrics = super().get_metrics(trainer, module)  # the validation figures: host values since validation ended
-        if module.readout is not None:
-            metrics["loss"] = f"{module.readout.loss:.3f}"
+        if module.ledger.readout is not None:
+            metrics["loss"] = f"{module.ledger.readout.loss:.3f}"
         if (rate := self.rate.read()) is not None:
             metrics["tok/s"] = f"{rate:,.0f}"
         return metrics

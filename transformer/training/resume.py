@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from ..base.errors import first_line
 from ..data.tokenizer import vocabulary_fingerprint
 from ..model import ModelConfig
 
@@ -49,7 +50,7 @@ def load_checkpoint(path: str) -> dict:
                 f"ckpt_path={path} is refused: it holds code or objects other than weights and plain values, "
                 "which loading would execute; use checkpoints written by training, from sources you trust"
             ) from None
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise ValueError(f"ckpt_path={path} cannot be loaded ({reason}); it is truncated, corrupt or not a "
                          "checkpoint: use another one, e.g. the run's checkpoints/last.ckpt") from None  # fmt: skip
     if not isinstance(checkpoint, dict) or "model" not in checkpoint.get("hyper_parameters", {}):

@@ -3,7 +3,7 @@ the compile settings, the lengths a batch can hold, and the Trainer's arguments 
 
 import pytorch_lightning as pl
 
-from ..config.check import check_trainer_args
+from ..base.typecheck import check_trainer_args
 from ..data import DataConfig, TranslationDataModule
 from ..data.batching import padded_length
 from ..machine.precision import device_type, resolve_precision

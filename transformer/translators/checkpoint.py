@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 import torch
 
+from ..base.errors import first_line
 from ..data.batching import TokenBatchSampler
 from ..data.tokenizer import SentencePiece
 from ..decoding import Ensemble, Hypothesis, beam_search, greedy_search, sampled_token
@@ -54,7 +55,7 @@ class CheckpointTranslator:
         try:
             return cls(checkpoint, path, device, runtime, ema)
         except (KeyError, TypeError, RuntimeError) as e:
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            reason = first_line(e, 200)
             raise ValueError(f"ckpt_path={path} is not a usable checkpoint of this project ({reason})") from None
 
     @classmethod
