@@ -5,6 +5,7 @@ the process's peak memory.
     python benchmarks/bench_cleaning.py language [--write]  # identifiers: accuracy on short sentences, speed
     python benchmarks/bench_cleaning.py recall [--write]    # prepare (default cleaning) on the noisy corpus
     python benchmarks/bench_cleaning.py speed [--pairs 4500000] [--write]    # on transformer/benchmarks/wmt_shaped.py
+    python benchmarks/bench_cleaning.py bleu [--steps 1500] [--write]  # scorers, then clean/noisy/cleaned trainings
 
 The noisy corpus is written to --root/noisy_multi30k (train.de.gz, train.en.gz, noise.tsv: line and kind of each
 injected pair; val and test as Multi30k's), which training can read as data.path. Run it alone.
@@ -12,7 +13,10 @@ injected pair; val and test as Multi30k's), which training can read as data.path
 
 import argparse
 import gzip
+import json
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -85,15 +89,13 @@ def write_noisy(folder: Path, seed: int = 0) -> dict[int, str]:
     return kinds
 
 
-def recall(root: Path, write: bool) -> None:
-    folder = root / "noisy_multi30k"
-    kinds = write_noisy(folder)
-    with tempfile.TemporaryDirectory() as cache:
-        cfg = DataConfig(path=str(folder), cache_dir=cache)
-        start = time.perf_counter()
-        prepared = prepare_data(cfg)
-        seconds = time.perf_counter() - start
-        listed = dropped_file(prepared.folder, cfg.main_name, "train").read_text().splitlines()[1:]
+def found(cfg: DataConfig, kinds: dict[int, str]) -> tuple[str, float]:
+    """prepare with cfg on the noisy corpus: a table of each kind's pairs, the share dropped and by which reason (for
+    clean pairs, the share kept); and prepare's seconds."""
+    start = time.perf_counter()
+    prepared = prepare_data(cfg)
+    seconds = time.perf_counter() - start
+    listed = dropped_file(prepared.folder, cfg.main_name, "train").read_text().splitlines()[1:]
     reason_of = {int(line.split("\t")[0]): line.split("\t")[1] for line in listed}
     lines = prepared.stats["train"]["pairs"]
     table = ["| pairs | injected | dropped | found | " + " | ".join(DROP_REASONS) + " |",
@@ -102,19 +104,113 @@ def recall(root: Path, write: bool) -> None:
         rows = [line for line in range(1, lines + 1) if kinds.get(line, "clean") == kind]
         by = Counter(reason_of[line] for line in rows if line in reason_of)
         dropped = sum(by.values())
-        found = f"{dropped / len(rows):.1%}" if kind != "clean" else f"kept {1 - dropped / len(rows):.2%}"
-        table.append(f"| {kind} | {len(rows):,} | {dropped:,} | {found} | " +
+        share = f"{dropped / len(rows):.1%}" if kind != "clean" else f"kept {1 - dropped / len(rows):.2%}"
+        table.append(f"| {kind} | {len(rows):,} | {dropped:,} | {share} | " +
                      " | ".join(f"{by[r]:,}" for r in DROP_REASONS) + " |")  # fmt: skip
-    text = "\n".join(table)
+    return "\n".join(table), seconds
+
+
+NOISE_SETUP = (f"Multi30k's 29,000 training pairs plus {NOISE:.0%} noise at known lines (`noise.tsv`), "
+               f"{round(NOISE * 29000 / len(KINDS)):,} pairs of each kind: misaligned (another pair's target), copy (the "
+               "source as its target), French or Czech (the caption's target in fr or cs, alternately), repeated "
+               f"({REPEATS} more copies of a pair), cut (the target's first half of words)")  # fmt: skip
+
+
+def recall(root: Path, write: bool) -> None:
+    folder = root / "noisy_multi30k"
+    kinds = write_noisy(folder)
+    with tempfile.TemporaryDirectory() as cache:
+        text, seconds = found(DataConfig(path=str(folder), cache_dir=cache), kinds)
     print(machine(), f"prepare {seconds:.0f} s", text, sep="\n")
     if write:
         record("bench_cleaning_recall", "Cleaning on a noisy Multi30k (`python benchmarks/bench_cleaning.py recall --write`)",
-               f": `prepare` with the default cleaning ({seconds:.0f} s, tokenizer training included) on Multi30k's "
-               f"29,000 training pairs plus {NOISE:.0%} noise at known lines (`noise.tsv`), {round(NOISE * 29000 / 5):,} "
-               "pairs of each kind: misaligned (another pair's target), copy (the source as its target), French or "
-               f"Czech (the caption's target in fr or cs, alternately), repeated ({REPEATS} more copies of a pair), cut "
-               "(the target's first half of words). Found: the share of a kind dropped, and by which reason; for clean "
-               "pairs, the share kept.\n\n" + text, doc=DATA_DOC)  # fmt: skip
+               f": `prepare` with the default cleaning ({seconds:.0f} s, tokenizer training included) on {NOISE_SETUP}. "
+               "Found: the share of a kind dropped, and by which reason; for clean pairs, the share kept.\n\n" + text,
+               doc=DATA_DOC)  # fmt: skip
+
+
+def _columns(path: Path) -> dict[str, np.ndarray]:
+    """A score file's columns by name."""
+    with path.open() as f:
+        names = f.readline().rstrip("\n").split("\t")
+        table = np.loadtxt(f, delimiter="\t", ndmin=2)
+    return {name: table[:, i] for i, name in enumerate(names)}
+
+
+def _command(log: Path, *args: str) -> None:
+    """One of our commands (python -m ...) in its own process, its output in log; one at a time."""
+    with log.open("w") as out:
+        done = subprocess.run([sys.executable, "-m", *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode:
+        sys.exit(f"python -m {' '.join(args)} failed ({done.returncode}); its output: {log}")
+
+
+def bleu(root: Path, steps: int, scorer_steps: int, val_quantile: float, write: bool) -> None:
+    """Scorers trained on the noisy corpus (default cleaning) in both directions; every pair scored, the margin's
+    threshold set label-free at the val_quantile of the clean val pairs' margins; then the CPU recipe trained by equal
+    steps on clean, noisy and cleaned data, each scored on test_2016_flickr (beam 5, EMA weights). Each finished stage
+    is kept under root/bleu, so an interrupted run goes on where it stopped."""
+    noisy, runs = root / "noisy_multi30k", root / "bleu"
+    kinds = write_noisy(noisy)
+    runs.mkdir(parents=True, exist_ok=True)
+
+    def train(name: str, max_steps: int, *overrides: str) -> Path:
+        if not (runs / f"{name}.done").exists():
+            _command(runs / f"{name}.log", "transformer.train", "experiment=multi30k_de_en_cpu", "trainer.max_time=null",
+                     f"trainer.max_steps={max_steps}", "trainer.limit_val_batches=0", "~callbacks.best_checkpoint",
+                     "~callbacks.epoch_checkpoints", f"hydra.run.dir={runs / name}", *overrides)  # fmt: skip
+            (runs / f"{name}.done").touch()
+        return runs / name / "checkpoints" / "last.ckpt"
+
+    on_noisy = f"data.path={noisy}"
+    forward = train("scorer_de-en", scorer_steps, on_noisy)
+    reverse = train("scorer_en-de", scorer_steps, on_noisy, "data.src=en", "data.tgt=de")
+    for split in ("train", "val"):
+        _command(runs / f"score_{split}.log", "transformer.score", f"ckpt_path={forward}", f"reverse_ckpt_path={reverse}",
+                 on_noisy, f"split={split}", "ema=true")  # fmt: skip
+    scores = noisy / "train.de-en.scores.tsv"
+    train_scores, val_scores = _columns(scores), _columns(noisy / "val.de-en.scores.tsv")
+    min_score = float(np.quantile(val_scores["margin"], val_quantile))  # the column prepare filters by
+    dual_cut = float(np.quantile(val_scores["dual"], val_quantile))
+    kind = np.array([kinds.get(line, "clean") for line in train_scores["line"].astype(int)])
+    dual_alone = (f"The dual conditional cross-entropy alone, at its own {val_quantile:.0%} val quantile "
+                  f"({dual_cut:.3f}), would find " + ", ".join(
+                      f"{np.mean(train_scores['dual'][kind == k] < dual_cut):.1%} of the {k} pairs"
+                      for k in ("misaligned", "cut")) +
+                  f" and keep {np.mean(train_scores['dual'][kind == 'clean'] >= dual_cut):.2%} of the clean ones.")  # fmt: skip
+    print(dual_alone)
+    with tempfile.TemporaryDirectory() as cache:
+        cleaned = DataConfig(path=str(noisy), cache_dir=cache, scores=str(scores), min_score=min_score)
+        recall_text, _ = found(cleaned, kinds)
+    print(recall_text)
+    trainings = {
+        "clean Multi30k": ("clean",),
+        "noisy, no cleaning (empty, too long and length ratio only)": (
+            "noisy", on_noisy, "data.language_id=false", "data.dedupe=false", "data.drop_copies=false"),
+        f"noisy, default cleaning and margin >= {min_score:.3f}": (
+            "noisy_scored", on_noisy, f"data.scores={scores}", f"data.min_score={min_score}"),
+        "noisy, default cleaning": ("noisy_default", on_noisy),
+    }  # fmt: skip
+    table = ["| trained on | test_2016_flickr BLEU | chrF2++ |", "|---|---:|---:|"]
+    for label, (name, *overrides) in trainings.items():
+        checkpoint = train(name, steps, *overrides)
+        _command(runs / f"{name}_evaluate.log", "transformer.evaluate", f"ckpt_path={checkpoint}",
+                 "split=test_2016_flickr", "ema=true", f"hydra.run.dir={runs / name / 'evaluate'}")  # fmt: skip
+        result = json.loads((runs / name / "evaluate" / "test_2016_flickr.beam5.json").read_text())
+        table.append(f"| {label} | {result['bleu']:.2f} | {result['chrf']:.2f} |")
+        print(table[-1], flush=True)
+        if write:  # after each model, so that an interrupted run keeps what it measured
+            record("bench_cleaning_bleu", "Cleaning and BLEU (`python benchmarks/bench_cleaning.py bleu --write`)",
+                   f": on {NOISE_SETUP}. Scorers: the CPU recipe ({scorer_steps:,} steps, default cleaning) trained "
+                   "de->en and en->de on the noisy corpus; `python -m transformer.score` with both (EMA weights) gives "
+                   "each pair its dual conditional cross-entropy and its margin (nats per token by which each model "
+                   "finds one side likelier given the other than given another pair's, summed), which prepare "
+                   "filters by; the threshold, set without the noise labels, is the "
+                   f"{val_quantile:.0%} quantile of the clean val pairs' margins ({min_score:.3f}). Found with it:"
+                   f"\n\n{recall_text}\n\n{dual_alone}\n\nThen the CPU recipe "
+                   f"(`experiment=multi30k_de_en_cpu`, small model) trained {steps:,} steps on each, validation off, "
+                   "and its EMA weights scored on test_2016_flickr (beam 5):\n\n" + "\n".join(table),
+                   doc=DATA_DOC)  # fmt: skip
 
 
 def _iso(lingua_language) -> str:
@@ -214,17 +310,22 @@ def speed(root: Path, pairs: int, write: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["language", "recall", "speed"])
+    parser.add_argument("what", choices=["language", "recall", "speed", "bleu"])
     parser.add_argument("--root", type=Path, default=Path("/tmp/bench_cleaning"))
     parser.add_argument("--pairs", type=int, default=4_500_000)
+    parser.add_argument("--steps", type=int, default=1500, help="bleu: training steps of each compared model")
+    parser.add_argument("--scorer-steps", type=int, default=1000, help="bleu: training steps of each scorer")
+    parser.add_argument("--val-quantile", type=float, default=0.02, help="bleu: the margin threshold's quantile of val")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     if args.what == "language":
         language(args.write)
     elif args.what == "recall":
         recall(args.root, args.write)
-    else:
+    elif args.what == "speed":
         speed(args.root, args.pairs, args.write)
+    else:
+        bleu(args.root, args.steps, args.scorer_steps, args.val_quantile, args.write)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""`python -m transformer.score`: its scores are the model's own teacher-forced loss, it resumes chunk by chunk, and
-prepare filters by them (data.scores with min_score or keep_best), refusing a file of another text."""
+"""`python -m transformer.score`: its scores are the model's own teacher-forced loss (and the margin over another
+pair's source), it resumes chunk by chunk, and prepare filters by them (data.scores with min_score or keep_best), refusing a file of another text."""
 
 import json
 import shutil
@@ -53,9 +53,9 @@ def test_a_killed_run_resumes_at_its_first_chunk_not_written(scorer, tmp_path, m
     calls = []
     real = pair_scores.mean_log_probs
 
-    def dies_on_the_fourth_chunk(*args, **kwargs):  # two calls a chunk: forward, then reverse
+    def dies_on_the_fourth_chunk(*args, **kwargs):  # four calls a chunk: each model given own and other sources
         calls.append(len(args[1]))
-        if len(calls) == 7:
+        if len(calls) == 13:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
@@ -65,15 +65,20 @@ def test_a_killed_run_resumes_at_its_first_chunk_not_written(scorer, tmp_path, m
     calls.clear()
     monkeypatch.setattr(pair_scores, "mean_log_probs", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
     resumed = score_split(ds, tmp_path / "resumed.tsv", settings, translator, translator, 300, 10, "32")
-    assert len(calls) == 4  # chunks 4 and 5 of 48 pairs: each scored forward and reverse
+    assert len(calls) == 8  # chunks 4 and 5 of 48 pairs: each scored forward and reverse, given each source
     assert resumed == whole and (tmp_path / "resumed.tsv").read_text() == (tmp_path / "whole.tsv").read_text()
     assert not (tmp_path / "resumed.tsv.parts").exists()
     table = np.loadtxt(tmp_path / "whole.tsv", delimiter="\t", skiprows=1)
     assert table[:, 0].tolist() == list(range(1, len(pairs) + 1))
-    reverse = mean_log_probs(translator, [t for _, t in pairs], [s for s, _ in pairs], 300)
+    sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+    reverse = mean_log_probs(translator, targets, sources, 300)
     assert np.allclose(table[:, 2], reverse, atol=1e-6) and np.allclose(
         table[:, 3], dual_score(table[:, 1], reverse), atol=1e-5
     )
+    other = [(i + len(pairs) // 2) % len(pairs) for i in range(len(pairs))]  # each pair's stand-in, half the split away
+    given_others = mean_log_probs(translator, [sources[j] for j in other], targets, 300)
+    reverse_given_others = mean_log_probs(translator, [targets[j] for j in other], sources, 300)
+    assert np.allclose(table[:, 4], table[:, 1] - given_others + reverse - reverse_given_others, atol=1e-5)
     with pytest.raises(ValueError, match="other settings"):
         score_split(
             ds, tmp_path / "whole.tsv", {**settings, "checkpoint": "another.ckpt"}, translator, None, 300, 10, "32"
@@ -93,20 +98,21 @@ def test_prepare_drops_the_pairs_scored_lowest(scorer, tmp_path, capsys):
     shutil.copytree(corpus, folder)
     scores = tmp_path / "scores.tsv"
     score.main(compose_command("score", [f"ckpt_path={ckpt}", f"data.path={folder}", f"output={scores}"]))
-    forward = np.loadtxt(scores, delimiter="\t", skiprows=1)[:, 1]
+    assert scores.read_text().splitlines()[0].split("\t") == ["line", "forward", "margin"]
+    margin = np.loadtxt(scores, delimiter="\t", skiprows=1)[:, 2]  # which prepare filters by
     assert json.loads((tmp_path / "scores.tsv.json").read_text())["pairs"] == len(pairs)
     prepared = prepare_data(config(folder, tmp_path, scores=str(scores), keep_best=0.5))
     dropped = prepared.stats["train"]["dropped"]
-    assert dropped["score"] == int((forward < np.quantile(forward, 0.5, method="lower")).sum()) > 0
-    by_min = prepare_data(config(folder, tmp_path, scores=str(scores), min_score=float(np.median(forward))))
-    assert by_min.stats["train"]["dropped"]["score"] == int((forward < np.median(forward)).sum())
+    assert dropped["score"] == int((margin < np.quantile(margin, 0.5, method="lower")).sum()) > 0
+    by_min = prepare_data(config(folder, tmp_path, scores=str(scores), min_score=float(np.median(margin))))
+    assert by_min.stats["train"]["dropped"]["score"] == int((margin < np.median(margin)).sum())
     (folder / "train.en").write_text((folder / "train.en").read_text().replace("e", "a", 1))  # another text now
     with pytest.raises(DataError, match=r"data.scores=.* scores 48 pairs of another text"):
         prepare_data(config(folder, tmp_path, scores=str(scores), keep_best=0.5))
     with pytest.raises(ValueError, match=r"data.scores filters by data.min_score or .keep_best"):
         config(folder, tmp_path, scores=str(scores))
     assert read_scores(scores, datasets.Dataset.from_dict({"src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]}),
-                       "data.scores").tolist() == pytest.approx(forward.tolist())  # fmt: skip
+                       "data.scores").tolist() == pytest.approx(margin.tolist())  # fmt: skip
 
 
 def test_a_reverse_model_of_the_same_direction_is_one_line(scorer, tmp_path, capsys):

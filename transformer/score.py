@@ -49,8 +49,9 @@ def main(cfg: DictConfig) -> None:
                 "src": data.src, "tgt": data.tgt, "fingerprint": split_fingerprint(ds)}  # fmt: skip
     score_split(ds, output, settings, forward, reverse, cfg.max_tokens or data.max_tokens, cfg.chunk_pairs,
                 settings["precision"])  # fmt: skip
-    scores = np.loadtxt(output, delimiter="\t", skiprows=1, ndmin=2)
-    names = ["forward"] + (["reverse", "dual"] if reverse is not None else [])
+    with output.open() as f:
+        names = f.readline().rstrip("\n").split("\t")[1:]
+        scores = np.loadtxt(f, delimiter="\t", ndmin=2)
     means = ", ".join(f"{name} {scores[:, i + 1].mean():.3f}" for i, name in enumerate(names)) if len(scores) else ""
     print(f"{len(ds)} pairs of {data.path} ({cfg.split}) scored: {output} (means: {means}; nats per token)")
 

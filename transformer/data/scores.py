@@ -1,6 +1,6 @@
 """Per-pair scores of a corpus split, as `python -m transformer.score` writes them and prepare filters by: a TSV with
-a header and one row per pair (line, forward; with a reverse model also reverse and dual), beside a JSON card
-(`{file}.json`) naming the split it scores by its pairs and their fingerprint."""
+a header and one row per pair (line, forward, margin; with a reverse model line, forward, reverse, dual, margin),
+beside a JSON card (`{file}.json`) naming the split it scores by its pairs and their fingerprint."""
 
 import hashlib
 import json
@@ -12,7 +12,23 @@ import numpy as np
 from .cleaning import record_batches
 from .sources import DataError
 
-COLUMNS = ("line", "forward", "reverse", "dual")  # a score file's header; the last two with a reverse model
+COLUMNS = ("line", "forward", "reverse", "dual", "margin")  # a score file's header with a reverse model
+FORWARD_COLUMNS = ("line", "forward", "margin")  # without one
+FILTERED_BY = ("margin", "dual", "forward")  # the column prepare filters by: the first a file has
+
+
+def other_pairs(n: int) -> np.ndarray:
+    """For each of n pairs, the pair whose source stands in for its own in the margin: half the split away, so that
+    neighbouring lines (a document's) are not taken; itself when it is alone."""
+    return (np.arange(n) + n // 2) % max(n, 1)
+
+
+def margin_score(own: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """How much more likely a target is given its own source than given another pair's, in nats per token (summed
+    over both directions with a reverse model): a translation's source explains it, a misaligned pair's explains
+    it no better than a stranger's. A margin as in margin-based bitext mining (Artetxe and Schwenk 2019): it cancels
+    what the model finds likely in any target, fluent generic captions included, which dual cross-entropy keeps."""
+    return own - other
 
 
 def card_path(scores: Path) -> Path:
@@ -37,7 +53,7 @@ def dual_score(forward: np.ndarray, reverse: np.ndarray) -> np.ndarray:
 
 
 def read_scores(path: Path, ds: datasets.Dataset, key: str) -> np.ndarray:
-    """The scores prepare filters by, one per pair of ds (dual where the file has it, else forward); a one-line
+    """The scores prepare filters by, one per pair of ds (the file's first column of FILTERED_BY); a one-line
     DataError naming `key` when the file does not score ds."""
     card = card_path(path)
     if not path.is_file() or not card.is_file():
@@ -51,7 +67,7 @@ def read_scores(path: Path, ds: datasets.Dataset, key: str) -> np.ndarray:
     with path.open() as f:
         header = f.readline().rstrip("\n").split("\t")
         table = np.loadtxt(f, delimiter="\t", ndmin=2, dtype=np.float64)
-    column = "dual" if "dual" in header else "forward"
+    column = next(name for name in FILTERED_BY if name in header)
     return table[:, header.index(column)] if len(table) else np.zeros(0)
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..data.batching import Collate, TokenBatchSampler
 from ..data.cleaning import CONTROL
-from ..data.scores import COLUMNS, card_path, dual_score
+from ..data.scores import COLUMNS, FORWARD_COLUMNS, card_path, dual_score, margin_score, other_pairs
 from ..model.loss import target_logits, target_positions
 from .checkpoint import CheckpointTranslator
 from .corpus import check_settings, synced, write_atomically
@@ -69,14 +69,18 @@ def score_split(ds: datasets.Dataset, output: Path, settings: dict, forward: Che
             continue
         start = index * chunk_pairs
         pairs = ds[start : start + chunk_pairs]
+        others = ds[other_pairs(len(ds))[start : start + chunk_pairs].tolist()]  # their stand-ins, for the margin
         columns = [mean_log_probs(forward, pairs["src"], pairs["tgt"], max_tokens, precision)]
+        margin = margin_score(columns[0], mean_log_probs(forward, others["src"], pairs["tgt"], max_tokens, precision))
         if reverse is not None:
             columns.append(mean_log_probs(reverse, pairs["tgt"], pairs["src"], max_tokens, precision))
             columns.append(dual_score(*columns))
-        rows = zip(range(start + 1, start + len(pairs["src"]) + 1), *columns)
+            margin += margin_score(columns[1], mean_log_probs(reverse, others["tgt"], pairs["src"], max_tokens,
+                                                              precision))  # fmt: skip
+        rows = zip(range(start + 1, start + len(pairs["src"]) + 1), *columns, margin)
         write_atomically(part, "".join("\t".join([str(line)] + [f"{v:.6f}" for v in values]) + "\n"
                                        for line, *values in rows))  # fmt: skip
-    header = COLUMNS if reverse is not None else COLUMNS[:2]  # line, forward[, reverse, dual]
+    header = COLUMNS if reverse is not None else FORWARD_COLUMNS
     partial = output.with_name(output.name + ".partial")
     with partial.open("w") as out:
         out.write("\t".join(header) + "\n")
