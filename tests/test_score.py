@@ -115,8 +115,10 @@ def test_prepare_drops_the_pairs_scored_lowest(scorer, tmp_path, capsys):
                        "data.scores").tolist() == pytest.approx(margin.tolist())  # fmt: skip
 
 
-def test_a_reverse_model_of_the_same_direction_is_one_line(scorer, tmp_path, capsys):
+def test_a_reverse_model_of_the_same_direction_or_an_unknown_precision_is_one_line(scorer, tmp_path, capsys):
     _, corpus, ckpt, _ = scorer
     cfg = compose_command("score", [f"ckpt_path={ckpt}", f"reverse_ckpt_path={ckpt}", f"output={tmp_path / 's.tsv'}"])
     err = one_line_error(capsys, score.main, cfg)
     assert "translates de->en, not en->de" in err and "give a checkpoint trained en->de" in err
+    cfg = compose_command("score", [f"ckpt_path={ckpt}", "precision=bf16-mixed", f"output={tmp_path / 's.tsv'}"])
+    assert "precision=bf16-mixed is not one of 32, bf16" in one_line_error(capsys, score.main, cfg)

@@ -14,7 +14,7 @@ from .cli.command import CONFIGS, check_overrides, one_line_errors
 from .data import DataConfig, DataError, load_corpus
 from .data.scores import split_fingerprint
 from .model import RuntimeConfig
-from .translators import CheckpointTranslator
+from .translators import PRECISIONS, CheckpointTranslator
 from .translators.pair_scores import score_split
 
 
@@ -42,10 +42,13 @@ def main(cfg: DictConfig) -> None:
         raise DataError(f"split={cfg.split} is not in {data.path} (found {', '.join(splits)}); choose one of those")
     if cfg.output is None and data.format == "hub":
         raise ValueError(f"data.path={data.path} is a hub dataset: give output=FILE for its scores")
+    precision = str(cfg.precision or forward.trained_precision)
+    if precision not in PRECISIONS:  # bf16-mixed would score in float32, unsaid
+        raise ValueError(f"precision={precision} is not one of {', '.join(PRECISIONS)}; give precision=bf16 or 32")
     output = Path(cfg.output or Path(data.path) / f"{cfg.split}.{data.src}-{data.tgt}.scores.tsv")
     ds = splits[cfg.split]
     settings = {"checkpoint": str(cfg.ckpt_path), "reverse": cfg.reverse_ckpt_path, "ema": cfg.ema,
-                "precision": str(cfg.precision or forward.trained_precision), "corpus": data.path, "split": cfg.split,
+                "precision": precision, "corpus": data.path, "split": cfg.split,
                 "src": data.src, "tgt": data.tgt, "fingerprint": split_fingerprint(ds)}  # fmt: skip
     score_split(ds, output, settings, forward, reverse, cfg.max_tokens or data.max_tokens, cfg.chunk_pairs,
                 settings["precision"])  # fmt: skip
