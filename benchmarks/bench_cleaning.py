@@ -29,6 +29,7 @@ from transformer.benchmarks.machine import machine
 from transformer.data import DataConfig, load_corpus, prepare_data
 from transformer.data.cleaning import DROP_REASONS, copies, duplicates, empty, wrong_languages
 from transformer.data.prepare import dropped_file
+from transformer.data.scores import read_columns
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO / "data" / "multi30k"
@@ -129,14 +130,6 @@ def recall(root: Path, write: bool) -> None:
                doc=DATA_DOC)  # fmt: skip
 
 
-def _columns(path: Path) -> dict[str, np.ndarray]:
-    """A score file's columns by name."""
-    with path.open() as f:
-        names = f.readline().rstrip("\n").split("\t")
-        table = np.loadtxt(f, delimiter="\t", ndmin=2)
-    return {name: table[:, i] for i, name in enumerate(names)}
-
-
 def _command(log: Path, *args: str) -> None:
     """One of our commands (python -m ...) in its own process, its output in log; one at a time."""
     with log.open("w") as out:
@@ -169,7 +162,7 @@ def bleu(root: Path, steps: int, scorer_steps: int, val_quantile: float, write: 
         _command(runs / f"score_{split}.log", "transformer.score", f"ckpt_path={forward}", f"reverse_ckpt_path={reverse}",
                  on_noisy, f"split={split}", "ema=true")  # fmt: skip
     scores = noisy / "train.de-en.scores.tsv"
-    train_scores, val_scores = _columns(scores), _columns(noisy / "val.de-en.scores.tsv")
+    train_scores, val_scores = read_columns(scores), read_columns(noisy / "val.de-en.scores.tsv")
     min_score = float(np.quantile(val_scores["margin"], val_quantile))  # the column prepare filters by
     dual_cut = float(np.quantile(val_scores["dual"], val_quantile))
     kind = np.array([kinds.get(line, "clean") for line in train_scores["line"].astype(int)])

@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 
 import hydra
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from .cli.command import CONFIGS, check_overrides, one_line_errors
 from .data import DataConfig, DataError, load_corpus
-from .data.scores import split_fingerprint
+from .data.scores import read_columns, split_fingerprint
 from .model import RuntimeConfig
 from .translators import PRECISIONS, CheckpointTranslator
 from .translators.pair_scores import score_split
@@ -52,10 +51,8 @@ def main(cfg: DictConfig) -> None:
                 "src": data.src, "tgt": data.tgt, "fingerprint": split_fingerprint(ds)}  # fmt: skip
     score_split(ds, output, settings, forward, reverse, cfg.max_tokens or data.max_tokens, cfg.chunk_pairs,
                 settings["precision"])  # fmt: skip
-    with output.open() as f:
-        names = f.readline().rstrip("\n").split("\t")[1:]
-        scores = np.loadtxt(f, delimiter="\t", ndmin=2)
-    means = ", ".join(f"{name} {scores[:, i + 1].mean():.3f}" for i, name in enumerate(names)) if len(scores) else ""
+    columns = read_columns(output)
+    means = ", ".join(f"{name} {v.mean():.3f}" for name, v in columns.items() if name != "line") if len(ds) else ""
     print(f"{len(ds)} pairs of {data.path} ({cfg.split}) scored: {output} (means: {means}; nats per token)")
 
 

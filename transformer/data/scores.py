@@ -64,11 +64,16 @@ def read_scores(path: Path, ds: datasets.Dataset, key: str) -> np.ndarray:
         raise DataError(f"{key}={path} scores {scored['pairs']} pairs of another text ({scored['corpus']}, split "
                         f"{scored['split']}), not this corpus's {len(ds)} training pairs; score this corpus with "
                         "python -m transformer.score")  # fmt: skip
+    columns = read_columns(path)
+    return columns[next(name for name in FILTERED_BY if name in columns)]
+
+
+def read_columns(path: Path) -> dict[str, np.ndarray]:
+    """A score file's columns by their header's names, in its order."""
     with path.open() as f:
-        header = f.readline().rstrip("\n").split("\t")
-        table = np.loadtxt(f, delimiter="\t", ndmin=2, dtype=np.float64)
-    column = next(name for name in FILTERED_BY if name in header)
-    return table[:, header.index(column)] if len(table) else np.zeros(0)
+        names = f.readline().rstrip("\n").split("\t")
+        table = np.loadtxt(f, delimiter="\t", ndmin=2, dtype=np.float64).reshape(-1, len(names))
+    return {name: table[:, i] for i, name in enumerate(names)}
 
 
 def below(scores: np.ndarray, min_score: float | None, keep_best: float | None) -> np.ndarray:
