@@ -15,14 +15,14 @@ from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._inductor.decomposition import select_decomp_table
 
-from transformer.benchmarks.kernel_calls import synthetic_batch
+from common.kernel_calls import synthetic_batch
 from transformer.data import TranslationDataModule
 from transformer.data.batching import padded_length
-from transformer.model import ModelConfig, RuntimeConfig, SequenceLayout, build_model, cross_entropy
+from transformer.model import ModelConfig, RuntimeConfig, build_model, cross_entropy
 from transformer.model.activation import ReLU
 from transformer.model.compiling import compile_dynamic
 from transformer.model.layers import FeedForward
-from transformer.model.loss import batch_loss_sum, loss_sum
+from transformer.model.loss import batch_loss_sum
 
 from .helpers import RECORD, LossRecorder, callback, config, run_train, tiny_data, write_text_corpus
 
@@ -63,14 +63,12 @@ def check_compiled_training_step_equals_eager(backend: str, checkpointed: bool =
     eager_loss = mock.patch.object(cross_entropy, "_compiled", False)  # no graph of its own: the model's are counted
     for seed, batch in enumerate((collated([5, 3, 7], [4, 6, 2]), collated([9, 2, 4, 6, 8], [3, 7, 5, 5, 1], seed=1))):
         assert batch["src_padded"]
-        layout = SequenceLayout.right_padded(batch["src_lengths"], batch["src"].size(1), True, batch["src_tokens"])
         results = []
-        src, tgt_in, tgt_out, tokens = batch["src"], batch["tgt_in"], batch["tgt_out"], batch["tgt_tokens"]
         for model in (eager, compiled):
             model.zero_grad()
             torch.manual_seed(seed)
             with eager_loss:
-                value, _ = loss_sum(model, src, tgt_in, tgt_out, 0.1, layout, tokens)
+                value, _ = batch_loss_sum(model, batch, 0.1)
             value.backward()
             results.append((value.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
         (want, want_grads), (got, got_grads) = results
@@ -189,7 +187,7 @@ def test_compile_with_padding_free_attention_is_refused_before_the_data(tmp_path
 
 
 def test_the_masks_of_changing_batches_trace_without_a_graph_break(tmp_path, corpus):
-    """The model compiled as a module is (dynamo's default: static shapes first, dynamic after a change), over the
+    """The model's loss compiled as torch.compile does by default (dynamo's default: static shapes first, dynamic after a change), over the
     batch order that broke the graph at a5a9816: key_padding checked the padding mask against the lengths' batch size,
     a size the compiler could not prove equal, so that forward fell back to eager."""
     data = TranslationDataModule(config(corpus[0], tmp_path, max_tokens=600, cache_dir=str(corpus[1])))
@@ -200,7 +198,7 @@ def test_the_masks_of_changing_batches_trace_without_a_graph_break(tmp_path, cor
     model = build_model(cfg).train()
     torch._dynamo.reset()
     counters.clear()
-    model.compile(backend="eager")
+    model.loss = torch.compile(model.loss, backend="eager")
     for batch, _ in zip(data.train_dataloader(), range(40)):
         batch_loss_sum(model, batch, 0.1)[0].backward()
     assert sum(counters["graph_break"].values()) == 0 and counters["frames"]["ok"] == counters["frames"]["total"]

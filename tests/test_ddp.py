@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from transformer.data import DataConfig, TranslationDataModule
 from transformer.data.batching import Collate
 from transformer.model import ModelConfig
-from transformer.model.loss import loss_sum
+from transformer.model.loss import batch_loss_sum
 from transformer.training import OptimConfig, TranslationModule
 from transformer.training.checkpoint import RunFolderLock
 from transformer.training.errors import TrainingError
@@ -110,7 +110,7 @@ def test_two_ranks_step_on_the_loss_per_target_token_of_both_batches(tmp_path):
     assert tokens[0] != tokens[1]
     reference = module()
     label_smoothing = reference.optim_config.label_smoothing
-    total = sum(loss_sum(reference.model, b["src"], b["tgt_in"], b["tgt_out"], label_smoothing)[0] for b in batches)
+    total = sum(batch_loss_sum(reference.model, b, label_smoothing)[0] for b in batches)
     (total / sum(tokens)).backward()
     run_ranks(_step_in_rank, batches, tmp_path)
     for rank in (0, 1):

@@ -1,4 +1,4 @@
-"""What a training step asks of a GPU's host, counted on a CPU (transformer/benchmarks/dispatch.py): the ops it
+"""What a training step asks of a GPU's host, counted on a CPU (tools/common/dispatch.py): the ops it
 dispatches, the masks and kernel contexts its attention calls get, and the fused output layer and loss against
 PyTorch's own."""
 
@@ -13,14 +13,14 @@ import torch.nn.functional as F
 from torch._dynamo.exc import BackendCompilerFailed
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from transformer.benchmarks.dispatch import (
+from common.dispatch import (
     OpCounter,
     compiled_kernels,
     count_training_step,
     gpu_like_dispatch,
     kernel_calls,
 )
-from transformer.benchmarks.kernel_calls import synthetic_batch
+from common.kernel_calls import synthetic_batch
 from transformer.model import ModelConfig, RuntimeConfig, build_model
 from transformer.model import cross_entropy as fused
 from transformer.model.compiling import compile_dynamic

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from transformer.benchmarks.gpu import attention_family, host_shares
+from common.gpu import attention_family, host_shares
 
 from .helpers import MULTI30K, ROOT
 

@@ -113,6 +113,24 @@ def test_no_subpackage_imports_back_up_through_another():
     assert not found, f"subpackages that import each other (the shared part belongs below both): {found}"
 
 
+MAINTAINER_ONLY = {"unittest", "pytest", "common", "config_reference"}  # test doubles, the tools/ tree
+
+
+def test_the_package_holds_the_runtime_only():
+    """Benchmark helpers, the docs generator and test instrumentation live in tools/ (never in the wheel): no module
+    of the package imports them, nor a test framework."""
+    importing = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module]
+            found = {name.split(".")[0] for name in names} & MAINTAINER_ONLY
+            if found:
+                importing.setdefault(module_name(path), set()).update(found)
+    assert importing == {}, "the package is the runtime: what only benchmarks, docs or tests use belongs in tools/"
+
+
 def test_the_package_root_holds_the_commands_and_nothing_else():
     modules = {f"transformer.{path.stem}" for path in PACKAGE.glob("*.py") if path.stem != "__init__"}
     run_as_packages = {f"transformer.{path.parent.name}.__main__" for path in PACKAGE.glob("*/__main__.py")}

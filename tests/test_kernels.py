@@ -6,7 +6,7 @@ where some call would have none."""
 import pytest
 import torch
 
-from transformer.benchmarks.kernel_calls import PHASES, attention_calls, kernel_table, run_phase, synthetic_batch
+from common.kernel_calls import PHASES, attention_calls, kernel_table, run_phase, synthetic_batch
 from transformer.model import ModelConfig, RuntimeConfig, build_model
 from transformer.model.kernels.backends import SDPA_BACKENDS, sdpa_backend
 from transformer.model.kernels.rules import DENSE_ORDER, JAGGED_ORDER, RULES, SdpaCall, check_backend, cuda_kernel

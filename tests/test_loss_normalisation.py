@@ -7,7 +7,7 @@ import torch
 
 from transformer.data.batching import Collate
 from transformer.model import ModelConfig
-from transformer.model.loss import loss_sum
+from transformer.model.loss import batch_loss_sum
 from transformer.training import OptimConfig, TranslationModule
 
 V = 29
@@ -57,7 +57,7 @@ def test_one_batch_step_gets_the_gradients_of_its_loss_per_target_token():
     batch = Collate(pad_id=0, bos_id=1, eos_id=2)(examples(4, seed=2))
     got = step_gradients([batch], accumulate=1)
     reference = module().model
-    total, tokens = loss_sum(reference, batch["src"], batch["tgt_in"], batch["tgt_out"], label_smoothing=0.1)
+    total, tokens = batch_loss_sum(reference, batch, label_smoothing=0.1)
     (total / tokens).backward()
     for (name, p), g in zip(reference.named_parameters(), got):
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7, msg=name)

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer.model import MODEL_SIZES, ModelConfig, MultiHeadAttention, RuntimeConfig, SequenceLayout, build_model
-from transformer.model.loss import loss_sum
+from transformer.model.loss import target_positions
 
 PAD, V = 0, 23
 
@@ -247,7 +247,9 @@ def test_loss_from_logits_at_real_tokens_equals_the_loss_over_all_positions():
             loss = F.cross_entropy(logits, tgt_out.flatten(), ignore_index=PAD, label_smoothing=0.1, reduction="sum")
             tokens_counted = tgt_out.ne(PAD).sum()
         else:
-            loss, tokens_counted = loss_sum(model, src, tgt_in, tgt_out, label_smoothing=0.1)
+            where = target_positions(tgt_out, PAD)  # (N,) the real target tokens' flat positions
+            loss = model.loss(src, tgt_in, tgt_out.flatten()[where], where=where, label_smoothing=0.1)
+            tokens_counted = where.numel()
         (loss / tokens_counted).backward()
         grads.append((loss.detach(), int(tokens_counted), [p.grad.clone() for p in model.parameters()]))
     (ref_loss, ref_tokens, ref_grads), (loss, n, got) = grads

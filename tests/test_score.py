@@ -13,7 +13,7 @@ from transformer import score
 from transformer.data import DataError, prepare_data
 from transformer.data.batching import Collate
 from transformer.data.scores import dual_score, read_scores, split_fingerprint
-from transformer.model.loss import loss_sum
+from transformer.model.loss import batch_loss_sum
 from transformer.translators import CheckpointTranslator, pair_scores
 from transformer.translators.pair_scores import mean_log_probs, score_split
 
@@ -41,8 +41,8 @@ def test_scores_are_the_models_own_teacher_forced_loss(scorer):
         src, tgt = (np.array(t.encode([x])[0]) for t, x in ((translator.src_tokenizer, source), (tok, target)))
         batch = collate([(src, tgt, 0)])
         with torch.no_grad():
-            loss, tokens = loss_sum(model, batch["src"], batch["tgt_in"], batch["tgt_out"], label_smoothing=0.0)
-        assert together[i] == pytest.approx(-loss.item() / tokens.item(), abs=1e-5)
+            loss, tokens = batch_loss_sum(model, batch, label_smoothing=0.0)
+        assert together[i] == pytest.approx(-loss.item() / tokens, abs=1e-5)
 
 
 def test_a_killed_run_resumes_at_its_first_chunk_not_written(scorer, tmp_path, monkeypatch):

@@ -12,11 +12,12 @@ from omegaconf import open_dict
 from pytorch_lightning.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from common.kernel_calls import record_sdpa
 from transformer.cli.command import check_overrides
 from transformer.data import TranslationDataModule
 from transformer.machine.allocator import HINT, jemalloc_library
 from transformer.model import RuntimeConfig
-from transformer.model.kernels.rules import cuda_kernel, record_sdpa
+from transformer.model.kernels.rules import cuda_kernel
 from transformer.train import train
 from transformer.training import OptimConfig, TranslationModule, ValidationConfig
 from transformer.training.module import lr_factor

@@ -37,13 +37,14 @@ from pathlib import Path
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-ROOT = Path(__file__).resolve().parents[1]
-STAGING = Path(__file__).resolve().parent / "gpu_check_data"
+TOOLS = Path(__file__).resolve().parent
+ROOT = TOOLS.parent
+STAGING = TOOLS / "gpu_check_data"
 STAGED, CAPTIONS, WHEELS = STAGING / "multi30k", STAGING / "multi30k_captions", STAGING / "wheels"
 RECIPE = "experiment=multi30k_de_en_gpu"
 # the compiled training step: inductor's kernels replayed as CUDA graphs, one recording per batch shape
 COMPILED = ["compile=true", "compile_mode=reduce-overhead", "data.length_rungs=16"]
-PROBES = "transformer.benchmarks.gpu"
+PROBES = "common.gpu"
 NO_CHECKPOINTS = ["~callbacks.last_checkpoint", "~callbacks.best_checkpoint", "~callbacks.epoch_checkpoints"]
 # What the lender's image (Python 3.12, torch 2.11, Lightning, sacrebleu, sentencepiece, pyarrow) lacks, at the
 # versions installed here (docs/gpu_runs.md)
@@ -159,7 +160,7 @@ def training_steps(check: Check, report: Report, size: str) -> None:
     text = (f"## The {size} model's training step, eager and compiled ({' '.join(COMPILED)}; recipe batches, bf16)\n"
             + "\n".join(rows) + f"\n\nCompiled / eager target tokens/s: {ratio:.2f}x")  # fmt: skip
     if size == "base":
-        from transformer.benchmarks.kernel_calls import predicted_kernels
+        from common.kernel_calls import predicted_kernels
 
         overrides = [RECIPE, *(["model.size=tiny"] if smoke else []), *check.args.overrides]
         text += "\n\nAttention kernels predicted on a CPU (kernels.py's record):\n" + predicted_kernels(
@@ -268,7 +269,7 @@ def host_profile(check: Check, report: Report) -> None:
     spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     if spy is None:
         raise RuntimeError("py-spy is neither beside Python nor on the PATH (pip install py-spy)")
-    from transformer.benchmarks.gpu import host_shares
+    from common.gpu import host_shares
     from transformer.machine.allocator import preloaded_environment
 
     steps, rate = (20 if check.args.smoke else 300), 200
@@ -355,6 +356,8 @@ def main() -> None:
     if args.stage:
         stage_for_the_device(data)
         return
+    # the training runs load the probes (common.gpu, beside this script) as callbacks
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOOLS), os.environ.get("PYTHONPATH")]))
     args.out.mkdir(parents=True, exist_ok=True)
     report = Report(args.out)
     environment(report)

@@ -10,7 +10,7 @@ beam search over a batch of Multi30k's lengths; every scaled_dot_product_attenti
 
 import sys
 
-from transformer.benchmarks.kernel_calls import predicted_kernels
+from common.kernel_calls import predicted_kernels
 
 if __name__ == "__main__":
     print(predicted_kernels(sys.argv[1:] or ["experiment=multi30k_de_en_gpu"]))

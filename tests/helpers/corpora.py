@@ -1,10 +1,10 @@
 """Corpora written for a test: random sentences from two small word lists, aligned line by line (the generator is
-the benchmarks', transformer/benchmarks/corpus.py)."""
+the benchmarks', tools/common/corpus.py)."""
 
 import random
 from pathlib import Path
 
-from transformer.benchmarks.corpus import WORDS_DE, WORDS_EN, write_text_corpus  # noqa: F401  (re-exported)
+from common.corpus import WORDS_DE, WORDS_EN, write_text_corpus  # noqa: F401  (re-exported)
 from transformer.data import DataConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,15 +27,6 @@ def target_logits(model: EncoderDecoder, src: Tensor, tgt_in: Tensor, tgt_out: T
     return logits, tgt_out.flatten()[where]
 
 
-def loss_sum(model: EncoderDecoder, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, label_smoothing: float,
-             src_layout: SequenceLayout | None = None, tokens: int | None = None) -> tuple[Tensor, Tensor | int]:  # fmt: skip
-    """(cross-entropy summed over the real target tokens, their number: `tokens` where given, else a tensor)."""
-    where = target_positions(tgt_out, model.pad_id, tokens)
-    loss = model(src, tgt_in, where=where, src_layout=src_layout, labels=tgt_out.flatten()[where],
-                 label_smoothing=label_smoothing)  # fmt: skip
-    return loss, tgt_out.ne(model.pad_id).sum() if tokens is None else tokens
-
-
 def rdrop_loss(logits: Tensor, targets: Tensor, label_smoothing: float, alpha: float) -> Tensor:
     """R-Drop (Liang et al. 2021) on two passes' logits (2N, V), pass one's N tokens first, and targets (N,):
     summed over tokens, the mean of the passes' cross-entropies plus alpha / 4 x the symmetric KL divergence
@@ -57,13 +48,13 @@ def _src_layout(model: EncoderDecoder, batch: dict, copies: int = 1) -> Sequence
 
 def batch_loss_sum(model: EncoderDecoder, batch: dict, label_smoothing: float,
                    rdrop_alpha: float | None = None) -> tuple[Tensor, int]:  # fmt: skip
-    """(loss_sum, real target tokens) of a batch as the data module's collator makes it (src, tgt_in, tgt_out,
+    """(the loss summed over target tokens, their number) of a batch as the data module's collator makes it (src, tgt_in, tgt_out,
     tgt_positions, tgt_labels, and the host facts src_lengths, src_padded, src_tokens, tgt_tokens): the training
     step's loss, with no wait on the device. With rdrop_alpha, the batch goes through the model twice in one pass (two
     dropout masks) and the loss is rdrop_loss."""
     if rdrop_alpha is None:
-        loss = model(batch["src"], batch["tgt_in"], where=batch["tgt_positions"], src_layout=_src_layout(model, batch),
-                     labels=batch["tgt_labels"], label_smoothing=label_smoothing)  # fmt: skip
+        loss = model.loss(batch["src"], batch["tgt_in"], batch["tgt_labels"], where=batch["tgt_positions"],
+                          src_layout=_src_layout(model, batch), label_smoothing=label_smoothing)  # fmt: skip
         return loss, batch["tgt_tokens"]
     src, tgt_in, tgt_out = (batch[k].repeat(2, 1) for k in ("src", "tgt_in", "tgt_out"))  # (2B, S), (2B, T) x 2
     logits, targets = target_logits(model, src, tgt_in, tgt_out, _src_layout(model, batch, 2), 2 * batch["tgt_tokens"])

@@ -160,12 +160,24 @@ class EncoderDecoder(nn.Module):
         cross_mask = key_padding(src_layout, dtype=self._attention_dtype(tgt.device.type))
         return self.output(self._decoder_states(tgt, memory, cross_mask, cache, where))
 
-    def forward(self, src: Tensor, tgt: Tensor, where: Tensor | None = None, src_layout: SequenceLayout | None = None,
-                labels: Tensor | None = None, label_smoothing: float = 0.0) -> Tensor:  # fmt: skip
-        """Logits (B, T, V), or (N, V) at `where` (decode's); with `labels` (one per logit row, pad_id where none),
-        the label-smoothed cross-entropy summed over the labelled rows instead: the output layer and the loss in one
-        piece (linear_cross_entropy), so that a compiled model compiles its loss too. The encoder's padding mask
-        serves cross-attention too."""
+    def forward(self, src: Tensor, tgt: Tensor, where: Tensor | None = None,
+                src_layout: SequenceLayout | None = None) -> Tensor:  # fmt: skip
+        """Logits (B, T, V), or (N, V) at `where` (decode's)."""
+        return self.output(self._pair_states(src, tgt, where, src_layout))
+
+    def loss(self, src: Tensor, tgt: Tensor, labels: Tensor, where: Tensor | None = None,
+             src_layout: SequenceLayout | None = None, label_smoothing: float = 0.0) -> Tensor:  # fmt: skip
+        """The label-smoothed cross-entropy summed over the labelled rows: `labels` has one entry per row of forward's
+        logits, pad_id where a row has none. The output layer and the loss are one piece (linear_cross_entropy), so
+        that no (N, V) logits are kept; compile_dynamic compiles this method, the training step's graph."""
+        x = self._pair_states(src, tgt, where, src_layout)
+        return linear_cross_entropy(x.flatten(0, -2), self.output.weight, labels, label_smoothing, self.pad_id,
+                                    self.output.bias)  # fmt: skip
+
+    def _pair_states(self, src: Tensor, tgt: Tensor, where: Tensor | None,
+                     src_layout: SequenceLayout | None) -> Tensor:  # fmt: skip
+        """The decoder's output states for a whole source and target, (B, T, d) or (N, d) at `where`. Unlike
+        encode and decode, the encoder's padding mask serves cross-attention too."""
         layout = self.source_layout(src) if src_layout is None else src_layout
         mask = self._encoder_mask(layout, src)
         memory = self._encode(src, mask)
@@ -173,11 +185,7 @@ class EncoderDecoder(nn.Module):
             cross_mask = replace(mask, queries=None)  # the same keys, queries not packed
         else:
             cross_mask = key_padding(layout, dtype=self._attention_dtype(src.device.type))
-        x = self._decoder_states(tgt, memory, cross_mask, where=where)
-        if labels is None:
-            return self.output(x)
-        return linear_cross_entropy(x.flatten(0, -2), self.output.weight, labels, label_smoothing, self.pad_id,
-                                    self.output.bias)  # fmt: skip
+        return self._decoder_states(tgt, memory, cross_mask, where=where)
 
     def _encoder_mask(self, layout: SequenceLayout, src: Tensor) -> AttentionMask:
         if self.window is None:

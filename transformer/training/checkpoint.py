@@ -38,7 +38,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise full from None
 
 
-# Fault injection, for the kill tests and benchmarks/fault_injection.py: KILL_AT=STAGE[:N] makes this process SIGKILL
+# Fault injection, for the kill tests and tools/fault_injection.py: KILL_AT=STAGE[:N] makes this process SIGKILL
 # itself at that stage of its Nth checkpoint write (default the first), so that a test kills a write exactly there
 KILL_AT = "TRANSFORMER_KILL_AT_CHECKPOINT_WRITE"
 # opened: the temporary file exists, empty; saved: torch.save has returned, its last bytes still in Python's buffer

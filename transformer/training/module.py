@@ -177,7 +177,7 @@ class TranslationModule(pl.LightningModule):
             (decay if p.dim() >= 2 and "positions" not in name else no_decay).append(p)
         # fused: one kernel per parameter group and its step count on the device; the default (for-each on a GPU,
         # one tensor at a time on a CPU, reading every step count into Python) took 4x as long on a CPU
-        # (benchmarks/bench_optimizer.py)
+        # (tools/bench_optimizer.py)
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True,

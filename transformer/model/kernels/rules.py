@@ -1,26 +1,18 @@
 """Which fused attention kernel each scaled_dot_product_attention (SDPA) call gets on a GPU, checked on a CPU.
 
 CUDA's kernels take less than a CPU's: a CPU's flash kernel accepts masks and float32, a GPU's takes neither. So what
-reaches SDPA is recorded (`record_sdpa`) and judged by the rules PyTorch 2.13 applies on an sm90 GPU (H100, H200)
+reaches SDPA (recorded by tools/common/kernel_calls.py) is judged by the rules PyTorch 2.13 applies on an sm90 GPU (H100, H200)
 with the cuDNN its wheel ships (9.20) (`cuda_kernel`); the config check (`check_backend`) refuses, in one line, the
 settings some call could not run with. Sources: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (dense inputs:
 the order kernels are tried in, each kernel's checks) and torch/nested/_internal/sdpa.py (nested jagged inputs, the
 padding-free path) of PyTorch 2.13.
 """
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
-from unittest import mock
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .. import attention
 from ..config import ModelConfig, RuntimeConfig
-from . import explicit
 from .backends import AUTO_ORDER_CUDA, SDPA_BACKENDS
 
 # On sm90 with cuDNN >= 9.15, PyTorch 2.13 would try cuDNN first for dense inputs (check_prefer_cudnn_attention);
@@ -170,49 +162,3 @@ def check_backend(model: ModelConfig, runtime: RuntimeConfig, device_type: str, 
     if not reduced_precision:
         raise ValueError("runtime.attention_backend=flash runs in bf16 or fp16 on a GPU; train with "
                          "trainer.precision=bf16-mixed (evaluate and translate: precision=bf16)")  # fmt: skip
-
-
-def _enabled() -> frozenset[str]:
-    flags = {"flash": torch.backends.cuda.flash_sdp_enabled(), "efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
-             "cudnn": torch.backends.cuda.cudnn_sdp_enabled(), "math": torch.backends.cuda.math_sdp_enabled()}  # fmt: skip
-    return frozenset(name for name, on in flags.items() if on)
-
-
-def _lengths(x: torch.Tensor) -> tuple[int, int]:
-    """(longest, shortest) sequence of a (B, nh, T, hs) input; nested: of its ragged dimension."""
-    if not x.is_nested:
-        return x.size(2), x.size(2)
-    lengths = x.offsets().diff()  # (B,)
-    return int(lengths.max()), int(lengths.min())
-
-
-@contextlib.contextmanager
-def record_sdpa(model: nn.Module) -> Iterator[list[SdpaCall]]:
-    """Every SDPA call the model's attention modules make inside the block, as SdpaCall. The calls still run: on a
-    CPU, with the kernel restriction lifted, so that a backend this machine lacks is recorded rather than failing.
-    backend=auto's explicit path for a CPU's bf16 training is off, as on a GPU, where SDPA gets those calls."""
-    calls: list[SdpaCall] = []
-    site = [""]
-    hooks = []
-    for name, module in model.named_modules():
-        if isinstance(module, attention.MultiHeadAttention):
-            hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: site.__setitem__(0, name)))
-    sdpa = F.scaled_dot_product_attention
-
-    def recorded(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
-        (q_len, q_min), (k_len, k_min) = _lengths(q), _lengths(k)
-        kind = None if attn_mask is None else "bool" if attn_mask.dtype == torch.bool else "float"
-        mask = kind and f"{kind} {attn_mask.dim()}-D"
-        calls.append(SdpaCall(site[0], q.is_nested, q.size(0), q.size(1), q_len, k_len, min(q_min, k_min), q.size(-1),
-                              q.dtype, mask, is_causal, dropout_p, _enabled(),
-                              torch.are_deterministic_algorithms_enabled()))  # fmt: skip
-        with sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]):  # what this CPU has
-            return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
-
-    try:
-        with mock.patch.object(F, "scaled_dot_product_attention", recorded), \
-                mock.patch.object(explicit, "explicit_is_faster", lambda *args: False):  # fmt: skip
-            yield calls
-    finally:
-        for hook in hooks:
-            hook.remove()

@@ -1,11 +1,11 @@
 """Data at WMT size: prepare's time and memory, the training loader's throughput, the streaming loader's memory and
 the time to the first training step, on a synthetic corpus of WMT14 en-de's size and shape
-(transformer/benchmarks/wmt_shaped.py: real pairs joined to WMT-like lengths; no WMT training set is reachable).
+(tools/common/wmt_shaped.py: real pairs joined to WMT-like lengths; no WMT training set is reachable).
 
-    python benchmarks/bench_data.py prepare [--pairs 4500000] [--fresh] [--record]
-    python benchmarks/bench_data.py loader [--workers 0 1 2] [--batches 300] [--streaming] [--record]
-    python benchmarks/bench_data.py stream-rss [--stream-pairs 40000000 4500000] [--workers 0] [--batches 300] [--record]
-    python benchmarks/bench_data.py first-step [--model small] [--record]
+    python tools/bench_data.py prepare [--pairs 4500000] [--fresh] [--record]
+    python tools/bench_data.py loader [--workers 0 1 2] [--batches 300] [--streaming] [--record]
+    python tools/bench_data.py stream-rss [--stream-pairs 40000000 4500000] [--workers 0] [--batches 300] [--record]
+    python tools/bench_data.py first-step [--model small] [--record]
 
 Everything lives under --root (default /tmp/bench_data): the corpus in wmt-shaped-{pairs}-s{seed}/ (written once,
 then reused), prepare's cache for it in cache/wmt-shaped-{pairs}-s{seed}/, encoded shards in
@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 import pytorch_lightning as pl
-from report import record
 
-from transformer.benchmarks.wmt_shaped import (
+from common.report import record
+from common.wmt_shaped import (
     SOURCES,
     format_length_stats,
     read_manifest,
@@ -151,7 +151,7 @@ def cache_dir(args, folder: Path) -> Path:
 def require_cache(args, folder: Path) -> None:
     if not cache_dir(args, folder).is_dir():
         raise SystemExit(f"no prepared cache {cache_dir(args, folder)}; run "
-                         f"`python benchmarks/bench_data.py prepare --pairs {args.pairs}` first")  # fmt: skip
+                         f"`python tools/bench_data.py prepare --pairs {args.pairs}` first")  # fmt: skip
 
 
 def mib(x: float) -> str:
@@ -172,7 +172,7 @@ def report(args, name: str, heading: str, description: str, header: str, rows: l
     table = f"{header}\n|{align}|\n" + "\n".join(rows)
     print("\n" + table)
     if args.record:
-        command = " ".join(["python benchmarks/bench_data.py", *sys.argv[1:]])
+        command = " ".join(["python tools/bench_data.py", *sys.argv[1:]])
         record(f"bench_data_{name}", f"{heading} (`{command}`)", f": {description}\n\n{table}")
 
 
@@ -209,7 +209,7 @@ def bench_prepare(args) -> None:
 
 def loader_child(spec: dict) -> None:
     """In a fresh process: set up the data module from the cache, then time its training loader."""
-    from transformer.benchmarks.machine import status_kib
+    from common.machine import status_kib
     from transformer.data import DataConfig, TranslationDataModule
 
     start = time.perf_counter()
@@ -301,7 +301,7 @@ def streaming_batches(split: Path, spec: dict):
 
 
 def stream_child(spec: dict) -> None:
-    from transformer.benchmarks.machine import status_kib
+    from common.machine import status_kib
 
     before = status_kib("VmRSS")
     start = time.perf_counter()

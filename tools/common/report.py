@@ -1,11 +1,11 @@
-"""Benchmark sections in the checkout's docs/*.md, written by the benchmarks beside this file (never by the package)."""
+"""Benchmark sections in the checkout's docs/*.md, written by the benchmarks in tools/ (never by the package)."""
 
 from datetime import date
 from pathlib import Path
 
-from transformer.benchmarks.machine import machine
+from .machine import machine
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 BENCHMARKS = DOCS / "benchmarks.md"
 
 

@@ -4,8 +4,8 @@ loss kernel (what a CPU trains with), the same with the eager in-place kernel (b
 formulation (F.linear, float32 logits, F.cross_entropy, autograd) as the peer; then the small model's whole eager
 step with either kernel, interleaved.
 
-    python benchmarks/bench_loss.py            # print the tables
-    python benchmarks/bench_loss.py --write    # and record them in docs/benchmarks.md
+    python tools/bench_loss.py            # print the tables
+    python tools/bench_loss.py --write    # and record them in docs/benchmarks.md
 
 Run it alone, under jemalloc as training runs (LD_PRELOAD; the script restarts itself under it as training does).
 """
@@ -15,10 +15,10 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from report import record
 
-from transformer.benchmarks.machine import median_seconds
-from transformer.benchmarks.training import train_steps
+from common.machine import median_seconds
+from common.report import record
+from common.training import train_steps
 from transformer.data import DataConfig, TranslationDataModule
 from transformer.machine.allocator import restart_with_jemalloc
 from transformer.model import ModelConfig, build_model
@@ -97,7 +97,7 @@ def main() -> None:
     loss, step = loss_rows(args.repeats), step_rows(args.windows)
     print("\n".join(loss) + "\n\n" + "\n".join(step))
     if args.write:
-        record("bench_loss", "The output layer and loss (`python benchmarks/bench_loss.py --write`)",
+        record("bench_loss", "The output layer and loss (`python tools/bench_loss.py --write`)",
                f": bf16 autocast, {TOKENS:,} target tokens x {VOCAB:,} pieces, forward and both gradients; median of "
                f"{args.repeats} after two warm-up calls; under jemalloc. Plain: F.linear, logits copied to float32, "
                "F.cross_entropy, autograd.\n\n" + "\n".join(loss) + "\n\nThe small model's eager bf16 training step "

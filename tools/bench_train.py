@@ -3,8 +3,8 @@ torch.nn.Transformer and Hugging Face's MarianMTModel of the same dimensions, al
 (label-smoothed loss, AdamW) on identical token batches, fp32 and bf16 autocast; and, for reference, the
 pipeline of PyTorch's translation tutorial as it is (d=512, untied embeddings, random batches of 128 sentences).
 
-    python benchmarks/bench_train.py                      # small model, print the tables
-    python benchmarks/bench_train.py --sizes small base --write   # and record them in docs/benchmarks.md
+    python tools/bench_train.py                      # small model, print the tables
+    python tools/bench_train.py --sizes small base --write   # and record them in docs/benchmarks.md
 
 MarianMTModel needs the optional extra: pip install -e ".[bench]" (skipped without it). Peak memory is measured
 in a fresh process per model: the growth of peak resident memory over three steps. Run it alone.
@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 
 import torch
-from report import record
 from torch import nn
 
-from transformer.benchmarks.machine import machine
-from transformer.benchmarks.memory import PeakGrowth, in_fresh_process, report
-from transformer.benchmarks.peers import MarianPeer, TorchTransformer, TutorialTransformer
-from transformer.benchmarks.training import train_steps
+from common.machine import machine
+from common.memory import PeakGrowth, in_fresh_process, report
+from common.peers import MarianPeer, TorchTransformer, TutorialTransformer
+from common.report import record
+from common.training import train_steps
 from transformer.data import DataConfig, TranslationDataModule
 from transformer.data.batching import Collate, TokenDataset
 from transformer.model import ModelConfig, build_model
@@ -133,7 +133,7 @@ def main():
     if args.write:
         record(
             "bench_train",
-            f"Training step (`python benchmarks/bench_train.py --sizes {' '.join(args.sizes)} --write`)",
+            f"Training step (`python tools/bench_train.py --sizes {' '.join(args.sizes)} --write`)",
             ": Multi30k de-en, the first epoch's token batches (max_tokens=4096), identical for every model; "
             "forward, label-smoothed loss (ours: the project's, with logits only at real target tokens; the "
             "peers': at every position), backward and AdamW step; median of "

@@ -3,7 +3,7 @@ at a time for a fixed time; sentences/s, p50/p95/p99 latency, errors; and the se
 2,000 and after 20,000 requests. The server and the offline peer run on the same cores (--server-cpus), the
 clients on the others, so that the load generator does not take the server's CPU.
 
-    python benchmarks/bench_serve.py --model deploy/de-en-int8 --sentences data/multi30k/test_2016_flickr.de.gz
+    python tools/bench_serve.py --model deploy/de-en-int8 --sentences data/multi30k/test_2016_flickr.de.gz
 """
 
 import argparse

@@ -5,8 +5,8 @@ import math
 import torch
 from torch import nn
 
-from ..model import ModelConfig
-from ..model.embedding import sinusoidal_table
+from transformer.model import ModelConfig
+from transformer.model.embedding import sinusoidal_table
 
 
 class TorchTransformer(nn.Module):

@@ -1,8 +1,8 @@
 """Forward+backward time of our MultiHeadAttention against torch.nn.MultiheadAttention and a naive
 matmul/masked_fill/softmax/matmul module, for short and long batches, fp32 and bf16 autocast.
 
-    python benchmarks/bench_attention.py            # print the table
-    python benchmarks/bench_attention.py --write    # and record it in docs/benchmarks.md
+    python tools/bench_attention.py            # print the table
+    python tools/bench_attention.py --write    # and record it in docs/benchmarks.md
 
 Run it alone: another torch process on the same cores distorts every number.
 """
@@ -15,11 +15,11 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
-from report import BENCHMARKS, record
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer.benchmarks.machine import machine
+from common.machine import machine
+from common.report import BENCHMARKS, record
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.kernels.explicit import explicit_attention, explicit_is_faster
 
@@ -150,7 +150,7 @@ def main():
     if args.write:
         record(
             "bench_attention",
-            "Attention: forward+backward (`python benchmarks/bench_attention.py --write`)",
+            "Attention: forward+backward (`python tools/bench_attention.py --write`)",
             f"; median of {args.reps} timed windows after warm-up, "
             "all implementations interleaved in the same run. Ratios above 1x mean ours is faster.\n\n"
             f"The module (in-projection, attention, out-projection):\n\n{table}\n\n"

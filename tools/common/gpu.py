@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from pytorch_lightning import Callback
 
-from ..model import ModelConfig
+from transformer.model import ModelConfig
+
 from .machine import precision_dtype, square_gemm_rate
 
 # Dense bf16 peak FLOP/s (NVIDIA's data sheets, without sparsity), by what torch.cuda.get_device_name() contains

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import EncoderDecoder
-from ..model.loss import batch_loss_sum
+from transformer.model import EncoderDecoder
+from transformer.model.loss import batch_loss_sum
 
 
 def batch_loss(model: nn.Module, batch: dict, pad: int, label_smoothing: float) -> torch.Tensor:

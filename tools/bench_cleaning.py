@@ -2,10 +2,10 @@
 lines), what each filter finds of each kind and the share of clean pairs kept; at WMT size, each filter's pairs/s and
 the process's peak memory.
 
-    python benchmarks/bench_cleaning.py language [--write]  # identifiers: accuracy on short sentences, speed
-    python benchmarks/bench_cleaning.py recall [--write]    # prepare (default cleaning) on the noisy corpus
-    python benchmarks/bench_cleaning.py speed [--pairs 4500000] [--write]    # on transformer/benchmarks/wmt_shaped.py
-    python benchmarks/bench_cleaning.py bleu [--steps 1500] [--write]  # scorers, then clean/noisy/cleaned trainings
+    python tools/bench_cleaning.py language [--write]  # identifiers: accuracy on short sentences, speed
+    python tools/bench_cleaning.py recall [--write]    # prepare (default cleaning) on the noisy corpus
+    python tools/bench_cleaning.py speed [--pairs 4500000] [--write]    # on tools/common/wmt_shaped.py
+    python tools/bench_cleaning.py bleu [--steps 1500] [--write]  # scorers, then clean/noisy/cleaned trainings
 
 The noisy corpus is written to --root/noisy_multi30k (train.de.gz, train.en.gz, noise.tsv: line and kind of each
 injected pair; val and test as Multi30k's), which training can read as data.path. Run it alone.
@@ -23,9 +23,9 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from report import record
 
-from transformer.benchmarks.machine import machine
+from common.machine import machine
+from common.report import record
 from transformer.data import DataConfig, load_corpus, prepare_data
 from transformer.data.cleaning import DROP_REASONS, copies, duplicates, empty, wrong_languages
 from transformer.data.prepare import dropped_file
@@ -124,7 +124,7 @@ def recall(root: Path, write: bool) -> None:
         text, seconds = found(DataConfig(path=str(folder), cache_dir=cache), kinds)
     print(machine(), f"prepare {seconds:.0f} s", text, sep="\n")
     if write:
-        record("bench_cleaning_recall", "Cleaning on a noisy Multi30k (`python benchmarks/bench_cleaning.py recall --write`)",
+        record("bench_cleaning_recall", "Cleaning on a noisy Multi30k (`python tools/bench_cleaning.py recall --write`)",
                f": `prepare` with the default cleaning ({seconds:.0f} s, tokenizer training included) on {NOISE_SETUP}. "
                "Found: the share of a kind dropped, and by which reason; for clean pairs, the share kept.\n\n" + text,
                doc=DATA_DOC)  # fmt: skip
@@ -148,12 +148,20 @@ def bleu(root: Path, steps: int, scorer_steps: int, val_quantile: float, write: 
     runs.mkdir(parents=True, exist_ok=True)
 
     def train(name: str, max_steps: int, *overrides: str) -> Path:
-        if not (runs / f"{name}.done").exists():
-            _command(runs / f"{name}.log", "transformer.train", "experiment=multi30k_de_en_cpu", "trainer.max_time=null",
-                     f"trainer.max_steps={max_steps}", "trainer.limit_val_batches=0", "~callbacks.best_checkpoint",
-                     "~callbacks.epoch_checkpoints", f"hydra.run.dir={runs / name}", *overrides)  # fmt: skip
-            (runs / f"{name}.done").touch()
-        return runs / name / "checkpoints" / "last.ckpt"
+        done, last = runs / f"{name}.done", runs / name / "checkpoints" / "last.ckpt"
+        trained = int(done.read_text()) if done.exists() else 0  # the steps the finished run trained
+        if trained > max_steps:
+            sys.exit(f"{runs / name} trained {trained} steps, more than the {max_steps} asked: delete it and {done}")
+        if trained < max_steps:
+            # A finished shorter run goes on from its last checkpoint: exact resume, and neither the inverse-sqrt
+            # schedule nor the average's warmup depends on max_steps, so this equals training max_steps at once.
+            resume = (f"ckpt_path={last}",) if trained else ()
+            _command(runs / f"{name}.{max_steps}.log", "transformer.train", "experiment=multi30k_de_en_cpu",
+                     "trainer.max_time=null", f"trainer.max_steps={max_steps}", "trainer.limit_val_batches=0",
+                     "~callbacks.best_checkpoint", "~callbacks.epoch_checkpoints", f"hydra.run.dir={runs / name}",
+                     *overrides, *resume)  # fmt: skip
+            done.write_text(str(max_steps))
+        return last
 
     on_noisy = f"data.path={noisy}"
     forward = train("scorer_de-en", scorer_steps, on_noisy)
@@ -193,7 +201,7 @@ def bleu(root: Path, steps: int, scorer_steps: int, val_quantile: float, write: 
         table.append(f"| {label} | {result['bleu']:.2f} | {result['chrf']:.2f} |")
         print(table[-1], flush=True)
         if write:  # after each model, so that an interrupted run keeps what it measured
-            record("bench_cleaning_bleu", "Cleaning and BLEU (`python benchmarks/bench_cleaning.py bleu --write`)",
+            record("bench_cleaning_bleu", "Cleaning and BLEU (`python tools/bench_cleaning.py bleu --write`)",
                    f": on {NOISE_SETUP}. Scorers: the CPU recipe ({scorer_steps:,} steps, default cleaning) trained "
                    "de->en and en->de on the noisy corpus; `python -m transformer.score` with both (EMA weights) gives "
                    "each pair its dual conditional cross-entropy and its margin (nats per token by which each model "
@@ -266,7 +274,7 @@ def language(write: bool) -> None:
         print(table[-1], flush=True)
     text = "\n".join(table)
     if write:
-        record("bench_cleaning_language", "Language identifiers (`python benchmarks/bench_cleaning.py language --write`)",
+        record("bench_cleaning_language", "Language identifiers (`python tools/bench_cleaning.py language --write`)",
                ": the share of sentences each identifier gives their own language as its first guess, on Multi30k's "
                "val and test_2016_flickr captions (2,014 a language; 12.1 words on average in German) and Tatoeba's "
                "German-English test set (short everyday sentences), one sentence a call, in one process, 1 thread "
@@ -274,7 +282,7 @@ def language(write: bool) -> None:
 
 
 def speed(root: Path, pairs: int, write: bool) -> None:
-    from transformer.benchmarks.wmt_shaped import write_wmt_shaped
+    from common.wmt_shaped import write_wmt_shaped
 
     folder = root / f"wmt-shaped-{pairs}-s0"
     write_wmt_shaped(folder, pairs, seed=0)  # reused when written before
@@ -295,8 +303,8 @@ def speed(root: Path, pairs: int, write: bool) -> None:
     text = "\n".join(table) + f"\n\nPeak resident memory of the largest process: {peak:,.0f} MiB."
     print(text)
     if write:
-        record("bench_cleaning_speed", f"Cleaning at WMT size (`python benchmarks/bench_cleaning.py speed --pairs {pairs} --write`)",
-               f": each filter over the training split of `transformer/benchmarks/wmt_shaped.py`'s corpus of {pairs:,} "
+        record("bench_cleaning_speed", f"Cleaning at WMT size (`python tools/bench_cleaning.py speed --pairs {pairs} --write`)",
+               f": each filter over the training split of `tools/common/wmt_shaped.py`'s corpus of {pairs:,} "
                "pairs (Arrow files, read a record batch at a time), one after another in one process.\n\n" + text,
                doc=DATA_DOC)  # fmt: skip
 

@@ -2,23 +2,76 @@
 the kernel each would get on an sm90 GPU (transformer/model/kernels/rules.py): what `tools/predict_kernels.py` prints
 and tests/test_kernels.py asserts."""
 
+import contextlib
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import nullcontext
+from unittest import mock
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..data.batching import Collate
-from ..decoding import beam_search, greedy_search
-from ..model import EncoderDecoder
-from ..model.kernels.rules import SdpaCall, cuda_kernel, record_sdpa
-from ..model.loss import batch_loss_sum
+from transformer.data.batching import Collate
+from transformer.decoding import beam_search, greedy_search
+from transformer.model import EncoderDecoder, attention
+from transformer.model.kernels import explicit
+from transformer.model.kernels.rules import SdpaCall, cuda_kernel
+from transformer.model.loss import batch_loss_sum
 
 PHASES = ("training step", "validation", "greedy search", "beam search")
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 8000  # the recipes'; no kernel choice depends on it
 # a Multi30k batch's shape: captions of 8-25 subwords, their translations about as long
 SOURCE_LENGTHS, TARGET_LENGTHS = [8, 12, 14, 17, 21, 25], [9, 11, 16, 15, 24, 22]
+
+
+def _enabled() -> frozenset[str]:
+    flags = {"flash": torch.backends.cuda.flash_sdp_enabled(), "efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+             "cudnn": torch.backends.cuda.cudnn_sdp_enabled(), "math": torch.backends.cuda.math_sdp_enabled()}  # fmt: skip
+    return frozenset(name for name, on in flags.items() if on)
+
+
+def _lengths(x: torch.Tensor) -> tuple[int, int]:
+    """(longest, shortest) sequence of a (B, nh, T, hs) input; nested: of its ragged dimension."""
+    if not x.is_nested:
+        return x.size(2), x.size(2)
+    lengths = x.offsets().diff()  # (B,)
+    return int(lengths.max()), int(lengths.min())
+
+
+@contextlib.contextmanager
+def record_sdpa(model: nn.Module) -> Iterator[list[SdpaCall]]:
+    """Every SDPA call the model's attention modules make inside the block, as SdpaCall. The calls still run: on a
+    CPU, with the kernel restriction lifted, so that a backend this machine lacks is recorded rather than failing.
+    backend=auto's explicit path for a CPU's bf16 training is off, as on a GPU, where SDPA gets those calls."""
+    calls: list[SdpaCall] = []
+    site = [""]
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, attention.MultiHeadAttention):
+            hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: site.__setitem__(0, name)))
+    sdpa = F.scaled_dot_product_attention
+
+    def recorded(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        (q_len, q_min), (k_len, k_min) = _lengths(q), _lengths(k)
+        kind = None if attn_mask is None else "bool" if attn_mask.dtype == torch.bool else "float"
+        mask = kind and f"{kind} {attn_mask.dim()}-D"
+        calls.append(SdpaCall(site[0], q.is_nested, q.size(0), q.size(1), q_len, k_len, min(q_min, k_min), q.size(-1),
+                              q.dtype, mask, is_causal, dropout_p, _enabled(),
+                              torch.are_deterministic_algorithms_enabled()))  # fmt: skip
+        with sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]):  # what this CPU has
+            return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    try:
+        with mock.patch.object(F, "scaled_dot_product_attention", recorded), \
+                mock.patch.object(explicit, "explicit_is_faster", lambda *args: False):  # fmt: skip
+            yield calls
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def synthetic_batch(vocab_size: int, src_lengths: list[int], tgt_lengths: list[int], seed: int = 0) -> dict:
@@ -84,10 +137,10 @@ def predicted_kernels(overrides: list[str], phases: tuple[str, ...] = PHASES) ->
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from ..cli.command import CONFIGS
-    from ..config.schema import register_configs
-    from ..model import ModelConfig, RuntimeConfig, build_model
-    from ..model.kernels.rules import check_backend
+    from transformer.cli.command import CONFIGS
+    from transformer.config.schema import register_configs
+    from transformer.model import ModelConfig, RuntimeConfig, build_model
+    from transformer.model.kernels.rules import check_backend
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):

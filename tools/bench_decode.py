@@ -7,8 +7,8 @@ exactly as many steps per batch as our search needed for that batch (min_new_tok
 same batches: both do the same number of decoder steps on the same shapes. Each row runs in a fresh process, so
 that its peak memory (resident growth from before the model is loaded to the end of its timed passes) is its own.
 
-    python benchmarks/bench_decode.py --ckpt outputs/RUN/checkpoints/last.ckpt            # print the table
-    python benchmarks/bench_decode.py --ckpt RUN/checkpoints/average.pt --export RUN/export/float32 RUN/export/int8 --write
+    python tools/bench_decode.py --ckpt outputs/RUN/checkpoints/last.ckpt            # print the table
+    python tools/bench_decode.py --ckpt RUN/checkpoints/average.pt --export RUN/export/float32 RUN/export/int8 --write
 
 Run it alone: another torch process on the same cores distorts every number.
 """
@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from report import BENCHMARKS, record
 from sacrebleu.metrics import BLEU
 
-from transformer.benchmarks.machine import machine
-from transformer.benchmarks.memory import PeakGrowth, in_fresh_process, report
+from common.machine import machine
+from common.memory import PeakGrowth, in_fresh_process, report
+from common.report import BENCHMARKS, record
 from transformer.data import DataConfig, load_corpus
 from transformer.translators import CheckpointTranslator, SearchConfig
 
@@ -45,7 +45,7 @@ def timed(run, todo, warm_up, reps: int):
 def marian_run(translator: CheckpointTranslator, sources: list[list[int]], beam: int, precision: str):
     """A function timing MarianMTModel.generate over the batches our search decodes, each for as many steps as
     our longest hypothesis (with EOS) there; None without transformers."""
-    from transformer.benchmarks.peers import MarianPeer
+    from common.peers import MarianPeer
 
     tok, cfg, search = translator.src_tokenizer, translator.model_config, SearchConfig(beam_size=beam)
     try:
@@ -172,7 +172,7 @@ def main():
     if args.write:
         record(
             "bench_decode",
-            "Decoding (`python benchmarks/bench_decode.py --ckpt CKPT --export FOLDERS --write`)",
+            "Decoding (`python tools/bench_decode.py --ckpt CKPT --export FOLDERS --write`)",
             f" (threads as in each row): the first {args.sentences} sentences of the checkpoint's test split, "
             f"checkpoint `{args.ckpt}`; length-sorted batches of up to 8,192 tokens (source tokens x beam size); "
             f"median of {args.reps} passes with the cache (and of MarianMT generate, randomly initialised with the "

@@ -1,11 +1,11 @@
 """A compile=true training step against eager on Multi30k batches: graph breaks and recompiles of the compiled model
-(torch.compile of the model in place, as `python -m transformer.train compile=true` does) and target tokens/s.
+(compile_dynamic, as `python -m transformer.train compile=true` does) and target tokens/s.
 
-    python benchmarks/bench_compile.py            # small model, fp32 and bf16, print the table
-    python benchmarks/bench_compile.py --write    # and record it in docs/benchmarks.md
+    python tools/bench_compile.py            # small model, fp32 and bf16, print the table
+    python tools/bench_compile.py --write    # and record it in docs/benchmarks.md
 
-The compiled model first trains on --warmup batches (each new shape may compile; after the first recompile torch
-marks shapes dynamic), then both models train on the same batches in interleaved windows. Run it alone.
+The compiled model first trains on --warmup batches (the first compiles, with dynamic shapes for the rest), then
+both models train on the same batches in interleaved windows. Run it alone.
 """
 
 import argparse
@@ -14,13 +14,14 @@ import statistics
 import time
 
 import torch
-from report import record
 from torch._dynamo.utils import counters
 
-from transformer.benchmarks.machine import machine
-from transformer.benchmarks.training import train_steps
+from common.machine import machine
+from common.report import record
+from common.training import train_steps
 from transformer.data import DataConfig, TranslationDataModule
 from transformer.model import ModelConfig, build_model
+from transformer.model.compiling import compile_dynamic
 
 
 def main():
@@ -44,7 +45,7 @@ def main():
         torch.manual_seed(0)
         eager = build_model(cfg).train()
         compiled = copy.deepcopy(eager)
-        compiled.compile()
+        compile_dynamic(compiled)  # as compile=true does
         optimizers = {m: torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (eager, compiled)}
         train_steps(eager, optimizers[eager], batches[:2], precision, tok.pad_id)  # its loss kernel's graphs too
         counters.clear()
@@ -69,7 +70,7 @@ def main():
     if args.write:
         record(
             "bench_compile",
-            "Compiled training step (`python benchmarks/bench_compile.py --write`)",
+            "Compiled training step (`python tools/bench_compile.py --write`)",
             f": Multi30k de-en, the first epoch's token batches (max_tokens=4096); the {args.size} model compiled in "
             "place with `torch.compile` (inductor, default mode), as `compile=true` does, against the same model "
             "eager; forward, the project's loss, backward and AdamW step, the batches described by the collator's "

@@ -1,7 +1,7 @@
 """The compute ops a training step dispatches, counted on a CPU: on a GPU each one is a kernel launch and its host
 work (Python, the dispatcher, autograd's bookkeeping), so their number is what the eager step asks of the host.
 
-The method (what benchmarks/count_ops.py prints and tests/test_dispatch.py bounds): one optimizer step's forward and
+The method (what tools/count_ops.py prints and tests/test_dispatch.py bounds): one optimizer step's forward and
 loss, then its backward, under bf16 autocast, after a warm-up step; every ATen op that reaches PyTorch's dispatcher
 below autograd (a TorchDispatchMode) is counted, except views, which launch nothing. Where a CPU dispatches
 differently from a GPU, the GPU's way is taken: dropout is the one fused op a GPU runs (native_dropout, and its
@@ -22,10 +22,10 @@ from torch._inductor.utils import run_and_get_code
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..model.activation import ReLU
-from ..model.dropout import Dropout
-from ..model.kernels import explicit
-from ..model.loss import batch_loss_sum
+from transformer.model.activation import ReLU
+from transformer.model.dropout import Dropout
+from transformer.model.kernels import explicit
+from transformer.model.loss import batch_loss_sum
 
 
 class OpCounter(TorchDispatchMode):

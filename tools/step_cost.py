@@ -1,4 +1,4 @@
-"""What benchmarks/bench_mfu.py measures inside a real training run (`python -m transformer.train`, this callback
+"""What tools/bench_mfu.py measures inside a real training run (`python -m transformer.train`, this callback
 added by Hydra overrides): target tokens/s over a window of optimizer steps, then where the steps' time goes by kind
 (torch.profiler), then the FLOPs of a step (FlopCounterMode); written as JSON into `out` when training ends."""
 

@@ -2,8 +2,8 @@
 torch's default AdamW (for-each on a GPU; on a CPU one tensor at a time, reading each step count into Python), on
 the same model and gradients.
 
-    python benchmarks/bench_optimizer.py            # the small and base models, print the table
-    python benchmarks/bench_optimizer.py --write    # and record it in docs/benchmarks.md
+    python tools/bench_optimizer.py            # the small and base models, print the table
+    python tools/bench_optimizer.py --write    # and record it in docs/benchmarks.md
 """
 
 import argparse
@@ -11,9 +11,9 @@ import statistics
 import time
 
 import torch
-from report import record
 
-from transformer.benchmarks.machine import machine
+from common.machine import machine
+from common.report import record
 from transformer.model import ModelConfig, build_model
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     print(machine())
     print(table)
     if args.write:
-        record("bench_optimizer", "The optimizer step (`python benchmarks/bench_optimizer.py --write`)",
+        record("bench_optimizer", "The optimizer step (`python tools/bench_optimizer.py --write`)",
                f": AdamW over the model's parameters with random gradients (8,000-token vocabulary), median of "
                f"{args.repeats} steps after 3, each configuration alone in turn.\n\n" + table)  # fmt: skip
 

@@ -2,10 +2,10 @@
 60-minute recipe's settings, its LightningModule, optimizer and EMA) for each size and mode, against the GEMM rate
 this machine reaches in the same run, at 2048^3 and at the model's own matmul shapes; and where the step's time goes.
 
-    python benchmarks/bench_mfu.py                                    # small and base, eager and compiled
-    python benchmarks/bench_mfu.py --sizes small --modes eager --write   # and record the tables in docs/benchmarks.md
+    python tools/bench_mfu.py                                    # small and base, eager and compiled
+    python tools/bench_mfu.py --sizes small --modes eager --write   # and record the tables in docs/benchmarks.md
 
-Each run is a subprocess with the StepCost callback (benchmarks/step_cost.py): target tokens/s over --steps
+Each run is a subprocess with the StepCost callback (tools/step_cost.py): target tokens/s over --steps
 optimizer steps after a warm-up (a step that compiles is left out and counted), then 3 steps under torch.profiler (time by kind), then 2 under FlopCounterMode
 (FLOPs per target token, padding included, as the step computes them). The GEMM rates are measured by this process
 between the runs, in the precision the run trained in (trainer.precision=auto's choice). Run it alone.
@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-from report import record
 from step_cost import COUNTED, KINDS, PROFILED
 
-from transformer.benchmarks.machine import gemm_seconds, machine, precision_dtype, square_gemm_rate
+from common.machine import gemm_seconds, machine, precision_dtype, square_gemm_rate
+from common.report import record
 from transformer.machine.allocator import restart_with_jemalloc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def main() -> None:
     tables = "\n".join(rates) + "\n\nWhere the step's time goes (torch.profiler's self time by kind; framework: what no op accounts for, Python, Lightning and the autograd engine; casts split by their operand: a parameter's shape, what bf16 working weights would remove, or another):\n\n" + "\n".join(kinds)  # fmt: skip
     print(tables)
     if args.write:
-        record("bench_mfu", f"Model FLOPs utilisation of the training step (`python benchmarks/bench_mfu.py --sizes "
+        record("bench_mfu", f"Model FLOPs utilisation of the training step (`python tools/bench_mfu.py --sizes "
                f"{' '.join(args.sizes)} --modes {' '.join(args.modes)} --write`)",
                ": `python -m transformer.train experiment=multi30k_de_en_cpu model=small` (and `model=base`; its precision, AdamW, EMA, "
                "logging), validation and checkpoints off; target tokens/s over the timed steps after warm-up "

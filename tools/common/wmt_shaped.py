@@ -1,4 +1,4 @@
-"""Corpora of WMT14 en-de's size and shape, for the data benchmarks (benchmarks/bench_data.py), made from the small
+"""Corpora of WMT14 en-de's size and shape, for the data benchmarks (tools/bench_data.py), made from the small
 real corpora here because no WMT training set can be downloaded.
 
 Text: each synthetic pair joins random real pairs (German sides joined by spaces, the same pairs' English sides

@@ -1,14 +1,14 @@
 """What a training step asks of a GPU's host, counted on this machine (no GPU needed):
 
 1. the ops one eager training step of the base model dispatches (each a kernel launch on a GPU), by the method of
-   transformer/benchmarks/dispatch.py, beside torch.nn.Transformer trained by the same loop and loss;
+   tools/common/dispatch.py, beside torch.nn.Transformer trained by the same loop and loss;
 2. the kernels inductor generates for the same step compiled (compile=true), forward and backward, read from its
    output code (on a CPU its C++ kernels; a GPU's Triton kernels fuse alike);
 3. one epoch, and 20, of the GPU recipe's batches (Multi30k, experiment=multi30k_de_en_gpu): distinct batch shapes,
    padding, and the graphs dynamo compiles for them, without and with data.length_rungs.
 
-    python benchmarks/count_ops.py            # print the tables (about 3 minutes on 2 cores)
-    python benchmarks/count_ops.py --write    # and record them in docs/benchmarks.md
+    python tools/count_ops.py            # print the tables (about 3 minutes on 2 cores)
+    python tools/count_ops.py --write    # and record them in docs/benchmarks.md
 """
 
 import argparse
@@ -16,13 +16,13 @@ import sys
 
 import numpy as np
 import torch
-from report import record
 from torch._dynamo.utils import counters
 
-from transformer.benchmarks.dispatch import StepOps, compiled_kernels, count_training_step
-from transformer.benchmarks.kernel_calls import synthetic_batch
-from transformer.benchmarks.peers import TorchTransformer
-from transformer.benchmarks.training import batch_loss
+from common.dispatch import StepOps, compiled_kernels, count_training_step
+from common.kernel_calls import synthetic_batch
+from common.peers import TorchTransformer
+from common.report import record
+from common.training import batch_loss
 from transformer.data import DataConfig, TranslationDataModule, padding_fraction
 from transformer.model import ModelConfig, build_model
 from transformer.model.compiling import compile_dynamic
@@ -115,12 +115,12 @@ def main() -> None:
     if args.write:
         body = (": one training step of the base model (6+6 layers, the GPU recipe's dropout, d_model 64: no count "
                 "depends on the width), bf16 autocast, 32 sentences of 8-25 tokens; ops counted as "
-                "`transformer/benchmarks/dispatch.py` says (a GPU's dropout and fused attention; views not counted), "
+                "`tools/common/dispatch.py` says (a GPU's dropout and fused attention; views not counted), "
                 "torch.nn.Transformer by the same loop and loss. Before the eager path was trimmed (42436b8) ours "
                 "was 1,081 (445 + 636).\n\n" + "\n".join(ops) + "\n\nThe GPU recipe's batches (Multi30k, "
                 "data.max_tokens=8192), a shape being every batch tensor's; graphs from dynamo tracing one epoch "
                 "(compile=true's dynamic shapes):\n\n" + "\n".join(shapes))  # fmt: skip
-        record("count_ops", "Ops a training step dispatches, and batch shapes (`python benchmarks/count_ops.py --write`)",
+        record("count_ops", "Ops a training step dispatches, and batch shapes (`python tools/count_ops.py --write`)",
                body)  # fmt: skip
 
 

@@ -2,8 +2,8 @@
 from their cache, as a resumed run or a second rank does), against sentencepiece's own sampler run afresh each epoch
 (what transformer did before, and what BPE-dropout and data.nbest_size=-1 still do).
 
-    python benchmarks/bench_subword.py                   # Multi30k de->en as the default data config prepares it
-    python benchmarks/bench_subword.py --epochs 5 --write
+    python tools/bench_subword.py                   # Multi30k de->en as the default data config prepares it
+    python tools/bench_subword.py --epochs 5 --write
 
 Needs the prepared cache with texts (`python -m transformer.prepare data.sampling_alpha=0.1`). Both sides of every
 pair are segmented, as one epoch of training does. Run it alone.
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from report import record
 
-from transformer.benchmarks.machine import machine
-from transformer.benchmarks.memory import PeakGrowth
+from common.machine import machine
+from common.memory import PeakGrowth
+from common.report import record
 from transformer.data import DataConfig, TranslationDataModule
 from transformer.data.batching import TokenDataset
 from transformer.data.subword import load_tables, nbest_table, save_tables
@@ -90,7 +90,7 @@ def main() -> None:
     print(f"{pairs:,} training pairs ({cfg.src}->{cfg.tgt}), alpha {args.alpha}, {args.epochs} epochs per row\n")
     print(table)
     if args.write:
-        command = f"python benchmarks/bench_subword.py --epochs {args.epochs} --write"
+        command = f"python tools/bench_subword.py --epochs {args.epochs} --write"
         body = (f": {pairs:,} Multi30k training pairs, both sides, alpha {args.alpha}, n-best {args.nbest}; the "
                 f"median of {args.epochs} epochs per row.\n\n{table}\n")  # fmt: skip
         record("subword", f"Subword sampling per epoch (`{command}`)", body)

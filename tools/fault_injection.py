@@ -3,8 +3,8 @@ what each fault cost; the final weights are compared with those of a run never i
 checkpoint write is made by the writer itself, at a random stage of one of its writes (KILL_AT in
 transformer/training/checkpoint.py), so that it lands there every time.
 
-    python benchmarks/fault_injection.py --kills 20            # print the table
-    python benchmarks/fault_injection.py --kills 20 --write    # and record it in docs/reliability.md
+    python tools/fault_injection.py --kills 20            # print the table
+    python tools/fault_injection.py --kills 20 --write    # and record it in docs/reliability.md
 
 It trains the tiny model on a generated corpus (fp32, 1,300 steps, last.ckpt every 5 steps). Run it alone.
 """
@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import torch
-from report import DOCS, record
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer.benchmarks.corpus import write_text_corpus
+from common.corpus import write_text_corpus
+from common.report import DOCS, record
 from transformer.training.checkpoint import KILL_AT, WRITE_STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def main():
     if args.write:
         record(
             "fault_injection",
-            f"Kills and signals (`python benchmarks/fault_injection.py --kills {args.kills} --write`)",
+            f"Kills and signals (`python tools/fault_injection.py --kills {args.kills} --write`)",
             f": the tiny model, fp32, 1,300 steps, `last.ckpt` every {EVERY} steps and at "
             "every validation (every 10 steps); after each fault the run resumed with `ckpt_path=last`. "
             f"{len(rows)} faults, then the run finished (exit {process.returncode}) at step {final['global_step']}; "

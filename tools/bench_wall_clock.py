@@ -2,8 +2,8 @@
 the rest (data waits, checkpoints, loader workers starting), measured the same way in this tree and in a peer
 revision (a git worktree of it), one after the other, alone.
 
-    python benchmarks/bench_wall_clock.py --peer a5a9816            # the tiny model, 1,000 steps of the recipe
-    python benchmarks/bench_wall_clock.py --peer a5a9816 --write    # and record it in docs/benchmarks.md
+    python tools/bench_wall_clock.py --peer a5a9816            # the tiny model, 1,000 steps of the recipe
+    python tools/bench_wall_clock.py --peer a5a9816 --write    # and record it in docs/benchmarks.md
 
 The share comes from a callback of this script's (WallShare, on the command line of both runs), not from the run's
 own closing line, which the peer may not have.
@@ -69,9 +69,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    from report import record
-
-    from transformer.benchmarks.machine import machine
+    from common.machine import machine
+    from common.report import record
 
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "cache"
@@ -101,7 +100,7 @@ def main() -> None:
     print(machine())
     print(table)
     if args.write:
-        record("bench_wall_clock", f"The GPU recipe's wall clock, scaled down (`python benchmarks/bench_wall_clock.py "
+        record("bench_wall_clock", f"The GPU recipe's wall clock, scaled down (`python tools/bench_wall_clock.py "
                f"--peer {args.peer} --write`)", f": experiment=multi30k_de_en_gpu with the tiny model for "
                f"{args.steps} steps on this CPU, each tree's run alone after a one-step run that builds the data "
                "cache; the share of trainer.fit's wall clock spent from each training batch's start to its end, "

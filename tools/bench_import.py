@@ -1,7 +1,7 @@
 """An OPUS-MT-sized Marian model (opus-mt-de-en's config: d_model 512, 6+6 layers, 58,101 pieces; random weights, as
 no hub is reached here) imported, loaded and checked against transformers at full size.
 
-python benchmarks/bench_import.py [--repeats 3] [--write]
+python tools/bench_import.py [--repeats 3] [--write]
 
 Rows: our import (read the Hugging Face folder, rewrite the tokenizers, write model.ckpt), our load
 (CheckpointTranslator.from_path: what evaluate, translate and serve do), and transformers' load of the same folder
@@ -14,20 +14,18 @@ weights decode every source alike; tests/test_marian.py compares searches on a t
 import argparse
 import gzip
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import sentencepiece as spm
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common.machine import median_seconds
+from common.report import record
+from transformer.import_model import main as import_model
+from transformer.translators import CheckpointTranslator
 
-from benchmarks.report import record  # noqa: E402
-from transformer.benchmarks.machine import median_seconds  # noqa: E402
-from transformer.import_model import main as import_model  # noqa: E402
-from transformer.translators import CheckpointTranslator  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 OPUS_MT_DE_EN = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
                      decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, activation_function="swish",
@@ -117,7 +115,7 @@ def main() -> None:
         body = (f", transformers {transformers.__version__}: opus-mt-de-en's shape ({parameters:.0f}M parameters, "
                 f"random weights), median of {args.repeats}.\n\n"
                 + "\n".join(table) + "\n\n" + checks + "\n")  # fmt: skip
-        record("import", "Importing an OPUS-MT-sized model (`python benchmarks/bench_import.py --write`)", body)
+        record("import", "Importing an OPUS-MT-sized model (`python tools/bench_import.py --write`)", body)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The Multi30k recipe's first training steps under glibc's malloc and under jemalloc (transformer.train restarts
 itself with jemalloc when the machine has it), optionally with a larger oneDNN kernel cache.
 
-    python benchmarks/bench_allocator.py                              # 300 steps each: glibc, jemalloc
-    python benchmarks/bench_allocator.py --kernel-cache 8192 --write  # and each with 8192 cached kernels; record
+    python tools/bench_allocator.py                              # 300 steps each: glibc, jemalloc
+    python tools/bench_allocator.py --kernel-cache 8192 --write  # and each with 8192 cached kernels; record
 
 Each setting is one `python -m transformer.train experiment=multi30k_de_en_cpu trainer.max_steps=N` (validation
 loss only, no decoding) in a fresh process. Target tokens/s is the median of train/tokens_per_s over the steps
@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import record
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer.benchmarks.machine import machine
-from transformer.benchmarks.memory import in_fresh_process, report
+from common.machine import machine
+from common.memory import in_fresh_process, report
+from common.report import record
 from transformer.machine.allocator import MALLOC_CONF, OPT_OUT, jemalloc_library
 
 SKIPPED_STEPS = 50  # the first steps: warm-up, every kernel new
@@ -86,7 +86,7 @@ def main() -> None:
             print(rows[-1], flush=True)
     print("\n".join(rows))
     if args.write:
-        command = " ".join(["python benchmarks/bench_allocator.py", *sys.argv[1:]])
+        command = " ".join(["python tools/bench_allocator.py", *sys.argv[1:]])
         body = (f": {args.steps} steps of `experiment=multi30k_de_en_cpu` per row, each in a fresh process "
                 f"(jemalloc with MALLOC_CONF={MALLOC_CONF}); tokens/s after the first {SKIPPED_STEPS} steps; "
                 "`vs glibc` against the first row.\n\n" + "\n".join(rows))  # fmt: skip

@@ -1,7 +1,7 @@
 """How a training step's time and peak memory grow with sequence length and batch tokens, per attention kernel.
 
-    python benchmarks/bench_scaling.py                                 # small model, bf16, this machine's device
-    python benchmarks/bench_scaling.py --lengths 64 512 2048 --tokens 4096 16384 --write
+    python tools/bench_scaling.py                                 # small model, bf16, this machine's device
+    python tools/bench_scaling.py --lengths 64 512 2048 --tokens 4096 16384 --write
 
 Each point is one (sequence length T, batch tokens N, backend) training step of the model on random token ids,
 N / T sentences of T source and T target tokens, in a fresh process: forward, loss, backward (no optimizer).
@@ -19,10 +19,10 @@ import time
 
 import torch
 import torch.nn.functional as F
-from report import record
 
-from transformer.benchmarks.machine import machine
-from transformer.benchmarks.memory import PeakGrowth, in_fresh_process, report
+from common.machine import machine
+from common.memory import PeakGrowth, in_fresh_process, report
+from common.report import record
 from transformer.model import ModelConfig, RuntimeConfig, build_model
 
 
@@ -98,7 +98,7 @@ def main() -> None:
     if args.write:
         record(
             f"bench_scaling_{device}",
-            f"Scaling on {device} (`python benchmarks/bench_scaling.py --lengths {' '.join(map(str, args.lengths))} "
+            f"Scaling on {device} (`python tools/bench_scaling.py --lengths {' '.join(map(str, args.lengths))} "
             f"--tokens {' '.join(map(str, args.tokens))} --steps {args.steps} --write`)",
             f": the {args.size} model, bf16 autocast, one training step (forward, loss, backward) on random ids, "
             f"batch tokens / T sentences of T source and T target tokens, every second source half padding; median of {args.steps} steps after a "
