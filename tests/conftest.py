@@ -1,8 +1,14 @@
 """Fixtures shared by several test modules, and one torch thread in each process that runs tests."""
 
 import os
+from pathlib import Path
 
 import pytest
+
+# The maintainer tree's helpers (tools/common), which tests/helpers imports: pytest's pythonpath puts them on this
+# process's path; the commands the tests start (their callbacks import tests.helpers) need them too
+TOOLS = str(Path(__file__).resolve().parents[1] / "tools")
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TOOLS, os.environ.get("PYTHONPATH")]))
 
 
 def pytest_configure(config):

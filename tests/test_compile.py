@@ -3,6 +3,7 @@ sync, a data-dependent shape or branch would break the graph, and fullgraph=True
 
 import copy
 import functools
+import pickle
 from collections import Counter
 from unittest import mock
 
@@ -102,6 +103,21 @@ class CompiledGraphs(pl.Callback):
         self.breaks = sum(counters["graph_break"].values())
 
 
+def test_a_copy_of_a_compiled_model_computes_its_loss_with_its_own_weights():
+    """compile_dynamic keeps the compiled loss on the model, bound to it: a deep copy (or a pickle) must not carry it,
+    or the copy's loss would run on the original's weights."""
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, dropout=0.0, **ONE_LAYER)
+    model = build_model(cfg).train()
+    compile_dynamic(model, backend="eager")
+    copied, unpickled = copy.deepcopy(model), pickle.loads(pickle.dumps(model))
+    batch = collated([5, 3, 7], [4, 6, 2])
+    for other in (copied, unpickled):
+        with torch.no_grad():
+            other.output.weight.mul_(2)
+        assert batch_loss_sum(other, batch, 0.1)[0] != batch_loss_sum(model, batch, 0.1)[0]
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """3,000 pairs, encoded once for the module: batches of many sizes."""
@@ -187,7 +203,7 @@ def test_compile_with_padding_free_attention_is_refused_before_the_data(tmp_path
 
 
 def test_the_masks_of_changing_batches_trace_without_a_graph_break(tmp_path, corpus):
-    """The model's loss compiled as torch.compile does by default (dynamo's default: static shapes first, dynamic after a change), over the
+    """The model's loss compiled with torch.compile's defaults (static shapes first, dynamic after a change), over the
     batch order that broke the graph at a5a9816: key_padding checked the padding mask against the lengths' batch size,
     a size the compiler could not prove equal, so that forward fell back to eager."""
     data = TranslationDataModule(config(corpus[0], tmp_path, max_tokens=600, cache_dir=str(corpus[1])))

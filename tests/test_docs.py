@@ -6,11 +6,11 @@ import shlex
 from functools import cache
 from pathlib import Path
 
-import config_reference
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import config_reference
 from transformer.config.schema import register_configs
 
 from .helpers import ROOT

@@ -149,7 +149,9 @@ def bleu(root: Path, steps: int, scorer_steps: int, val_quantile: float, write: 
 
     def train(name: str, max_steps: int, *overrides: str) -> Path:
         done, last = runs / f"{name}.done", runs / name / "checkpoints" / "last.ckpt"
-        trained = int(done.read_text()) if done.exists() else 0  # the steps the finished run trained
+        trained = int(done.read_text() or -1) if done.exists() else 0  # the steps the finished run trained
+        if trained < 0:
+            sys.exit(f"{done} does not say how many steps {runs / name} trained (an older run): delete both")
         if trained > max_steps:
             sys.exit(f"{runs / name} trained {trained} steps, more than the {max_steps} asked: delete it and {done}")
         if trained < max_steps:

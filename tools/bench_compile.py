@@ -71,8 +71,8 @@ def main():
         record(
             "bench_compile",
             "Compiled training step (`python tools/bench_compile.py --write`)",
-            f": Multi30k de-en, the first epoch's token batches (max_tokens=4096); the {args.size} model compiled in "
-            "place with `torch.compile` (inductor, default mode), as `compile=true` does, against the same model "
+            f": Multi30k de-en, the first epoch's token batches (max_tokens=4096); the {args.size} model compiled by "
+            "`compile_dynamic` (inductor, default mode), as `compile=true` does, against the same model "
             "eager; forward, the project's loss, backward and AdamW step, the batches described by the collator's "
             f"host facts. Graph breaks, graphs and recompiles: dynamo's counters over the {args.warmup} warm-up "
             f"batches and the timed ones (warm-up: their wall time, compiling included). Median of {args.windows} "

@@ -13,19 +13,21 @@ between the runs, in the precision the run trained in (trainer.precision=auto's 
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
-from step_cost import COUNTED, KINDS, PROFILED
 
 from common.machine import gemm_seconds, machine, precision_dtype, square_gemm_rate
 from common.report import record
+from step_cost import COUNTED, KINDS, PROFILED
 from transformer.machine.allocator import restart_with_jemalloc
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 RECIPE = ["experiment=multi30k_de_en_cpu", "trainer.max_time=null", "trainer.limit_val_batches=0",
           "trainer.enable_progress_bar=false", "~callbacks.last_checkpoint", "~callbacks.best_checkpoint",
           "~callbacks.epoch_checkpoints"]  # fmt: skip
@@ -61,9 +63,11 @@ def run(size: str, mode: str, steps: int, folder: Path) -> dict:
     warmup = WARMUP[mode]
     command = [sys.executable, "-m", "transformer.train", *RECIPE, f"model={size}", *MODES[mode],
                f"trainer.max_steps={warmup + steps + PROFILED + COUNTED}", f"hydra.run.dir={folder}",
-               "+callbacks.step_cost._target_=benchmarks.step_cost.StepCost", f"+callbacks.step_cost.out={folder}",
+               "+callbacks.step_cost._target_=step_cost.StepCost", f"+callbacks.step_cost.out={folder}",
                f"+callbacks.step_cost.first={warmup}", f"+callbacks.step_cost.steps={steps}"]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    # the training process loads StepCost from this folder
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{size} {mode}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
     return json.loads((folder / "step_cost.json").read_text())

@@ -48,9 +48,9 @@ def _src_layout(model: EncoderDecoder, batch: dict, copies: int = 1) -> Sequence
 
 def batch_loss_sum(model: EncoderDecoder, batch: dict, label_smoothing: float,
                    rdrop_alpha: float | None = None) -> tuple[Tensor, int]:  # fmt: skip
-    """(the loss summed over target tokens, their number) of a batch as the data module's collator makes it (src, tgt_in, tgt_out,
-    tgt_positions, tgt_labels, and the host facts src_lengths, src_padded, src_tokens, tgt_tokens): the training
-    step's loss, with no wait on the device. With rdrop_alpha, the batch goes through the model twice in one pass (two
+    """(the loss summed over target tokens, their number) of a batch as the data module's collator makes it (src,
+    tgt_in, tgt_out, tgt_positions, tgt_labels, and the host facts src_lengths, src_padded, src_tokens, tgt_tokens):
+    the training step's loss, with no wait on the device. With rdrop_alpha, the batch goes through the model twice in one pass (two
     dropout masks) and the loss is rdrop_loss."""
     if rdrop_alpha is None:
         loss = model.loss(batch["src"], batch["tgt_in"], batch["tgt_labels"], where=batch["tgt_positions"],

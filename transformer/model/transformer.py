@@ -113,6 +113,13 @@ class EncoderDecoder(nn.Module):
         # causal masks are views of it (not saved: rebuilt with the model)
         self.register_buffer("future", future_table(tgt_embed.max_positions), persistent=False)
 
+    def __getstate__(self) -> dict:
+        """A copy or pickle leaves out compile_dynamic's compiled loss, bound to this model (as nn.Module leaves out
+        its compiled forward): the copy's loss is its own, eager."""
+        state = super().__getstate__()
+        state.pop("loss", None)
+        return state
+
     def init_buffers(self) -> None:
         """The buffers no checkpoint holds (the causal mask table, sinusoidal positions), computed: after a build on
         the meta device, which computes nothing."""
