@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from transformer.serve.process import start_server
+from common.server import start_server
 
 from .helpers.junk_requests import junk_requests
 from .helpers.prerequisites import require

@@ -15,8 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+from common.server import start_server
 from transformer.data.sources import read_lines
-from transformer.serve.process import start_server
 from transformer.translators import SearchConfig, open_translator
 
 

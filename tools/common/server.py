@@ -1,5 +1,5 @@
-"""`python -m transformer.serve` in a process of its own, on a free port, returned once /health answers: for
-tests, benchmarks and scripts that need a live server."""
+"""`python -m transformer.serve` in a process of its own, on a free port, returned once /health answers: for the
+tests and benchmarks that need a live server."""
 
 import os
 import socket
