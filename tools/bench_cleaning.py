@@ -5,7 +5,7 @@ the process's peak memory.
     python tools/bench_cleaning.py language [--write]  # identifiers: accuracy on short sentences, speed
     python tools/bench_cleaning.py recall [--write]    # prepare (default cleaning) on the noisy corpus
     python tools/bench_cleaning.py speed [--pairs 4500000] [--write]    # on tools/common/wmt_shaped.py
-    python tools/bench_cleaning.py bleu [--steps 1500] [--write]  # scorers, then clean/noisy/cleaned trainings
+    python tools/bench_cleaning.py bleu [--steps 3000] [--write]  # scorers, then clean/noisy/cleaned trainings
 
 The noisy corpus is written to --root/noisy_multi30k (train.de.gz, train.en.gz, noise.tsv: line and kind of each
 injected pair; val and test as Multi30k's), which training can read as data.path. Run it alone.
@@ -316,7 +316,7 @@ def main() -> None:
     parser.add_argument("what", choices=["language", "recall", "speed", "bleu"])
     parser.add_argument("--root", type=Path, default=Path("/tmp/bench_cleaning"))
     parser.add_argument("--pairs", type=int, default=4_500_000)
-    parser.add_argument("--steps", type=int, default=1500, help="bleu: training steps of each compared model")
+    parser.add_argument("--steps", type=int, default=3000, help="bleu: training steps of each compared model")
     parser.add_argument("--scorer-steps", type=int, default=1000, help="bleu: training steps of each scorer")
     parser.add_argument("--val-quantile", type=float, default=0.02, help="bleu: the margin threshold's quantile of val")
     parser.add_argument("--write", action="store_true")
