@@ -295,3 +295,32 @@ def test_the_compiled_cpu_relu_has_relus_gradient_in_float64():
     want = x.detach().clone().requires_grad_()
     torch.relu(want).backward(grad)
     assert torch.equal(x.grad, want.grad)
+
+
+class OutputLoss(torch.nn.Module):
+    def __init__(self, d: int, vocab: int, labels: torch.Tensor):
+        super().__init__()
+        self.output, self.labels = torch.nn.Linear(d, vocab, bias=False), labels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cross_entropy.linear_cross_entropy(x, self.output.weight, self.labels, 0.1, 0)
+
+
+def test_the_compiled_loss_has_the_plain_losss_value_and_gradients_in_float64():
+    """Compiled, the loss and its gradient in the logits come from one formula in forward (as eager's fused loss),
+    which inductor fuses into one pass over the logits and one in backward."""
+    torch.manual_seed(0)
+    labels = torch.tensor([3, 0, 5, 7, 1, 9, 0])  # 0 is ignore_index: the pad's rows count for nothing
+    plain = OutputLoss(16, 40, labels).double()
+    compiled = copy.deepcopy(plain)
+    x = torch.randn(7, 16, dtype=torch.float64)
+    torch._dynamo.reset()
+    compiled_x, plain_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got = torch.compile(compiled, backend="aot_eager", fullgraph=True)(compiled_x)
+    (got * 0.5).backward()  # a gradient from above that is not 1
+    want = torch.nn.functional.cross_entropy(plain.output(plain_x), labels, ignore_index=0, label_smoothing=0.1,
+                                             reduction="sum")  # fmt: skip
+    (want * 0.5).backward()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(compiled_x.grad, plain_x.grad, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(compiled.output.weight.grad, plain.output.weight.grad, rtol=1e-12, atol=1e-15)

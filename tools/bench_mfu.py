@@ -6,8 +6,9 @@ this machine reaches in the same run, at 2048^3 and at the model's own matmul sh
     python tools/bench_mfu.py --sizes small --modes eager --write   # and record the tables in docs/benchmarks.md
 
 Each run is a subprocess with the StepCost callback (tools/step_cost.py): target tokens/s over --steps
-optimizer steps after a warm-up (a step that compiles is left out and counted), then 3 steps under torch.profiler (time by kind), then 2 under FlopCounterMode
-(FLOPs per target token, padding included, as the step computes them). The GEMM rates are measured by this process
+optimizer steps after a warm-up (a step that compiles is left out and counted), then 3 steps under torch.profiler
+(time by kind); then the timed steps' batches again under FlopCounterMode (FLOPs per target token, padding included,
+as the step computes them). Both modes time the same batches (the same seed and warm-up). The GEMM rates are measured by this process
 between the runs, in the precision the run trained in (trainer.precision=auto's choice). Run it alone.
 """
 
@@ -23,7 +24,7 @@ import torch
 
 from common.machine import gemm_seconds, machine, precision_dtype, square_gemm_rate
 from common.report import record
-from step_cost import COUNTED, KINDS, PROFILED
+from step_cost import KINDS, PROFILED
 from transformer.machine.allocator import restart_with_jemalloc
 
 HERE = Path(__file__).resolve().parent
@@ -32,8 +33,9 @@ RECIPE = ["experiment=multi30k_de_en_cpu", "trainer.max_time=null", "trainer.lim
           "trainer.enable_progress_bar=false", "~callbacks.last_checkpoint", "~callbacks.best_checkpoint",
           "~callbacks.epoch_checkpoints"]  # fmt: skip
 MODES = {"eager": [], "compiled": ["compile=true"]}
-# warm-up steps: a compiled model records its graphs on the first batches (and again once shapes turn dynamic)
-WARMUP = {"eager": 5, "compiled": 12}
+# warm-up steps: a compiled model records its graphs on the first batches (and again once shapes turn dynamic);
+# eager waits as long, so that both time the same batches
+WARMUP = 12
 STEPS = {"small": 30, "base": 10}
 
 
@@ -60,11 +62,10 @@ def gemm_rates(model: dict, tokens: int, dtype: torch.dtype) -> tuple[float, flo
 
 
 def run(size: str, mode: str, steps: int, folder: Path) -> dict:
-    warmup = WARMUP[mode]
     command = [sys.executable, "-m", "transformer.train", *RECIPE, f"model={size}", *MODES[mode],
-               f"trainer.max_steps={warmup + steps + PROFILED + COUNTED}", f"hydra.run.dir={folder}",
+               f"trainer.max_steps={WARMUP + steps + PROFILED}", f"hydra.run.dir={folder}",
                "+callbacks.step_cost._target_=step_cost.StepCost", f"+callbacks.step_cost.out={folder}",
-               f"+callbacks.step_cost.first={warmup}", f"+callbacks.step_cost.steps={steps}"]  # fmt: skip
+               f"+callbacks.step_cost.first={WARMUP}", f"+callbacks.step_cost.steps={steps}"]  # fmt: skip
     # the training process loads StepCost from this folder
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -116,10 +117,11 @@ def main() -> None:
         record("bench_mfu", f"Model FLOPs utilisation of the training step (`python tools/bench_mfu.py --sizes "
                f"{' '.join(args.sizes)} --modes {' '.join(args.modes)} --write`)",
                ": `python -m transformer.train experiment=multi30k_de_en_cpu model=small` (and `model=base`; its precision, AdamW, EMA, "
-               "logging), validation and checkpoints off; target tokens/s over the timed steps after warm-up "
-               f"({', '.join(f'{m} {n}' for m, n in WARMUP.items())} steps), leaving out a step that compiled (a "
-               "compiled model meeting a new shape: paid once a run); FLOPs per target token from "
-               "FlopCounterMode over 2 steps (forward, loss, backward; padded positions included, as computed). "
+               "logging), validation and checkpoints off; target tokens/s over the timed steps after "
+               f"{WARMUP} warm-up steps (the same batches in both modes), leaving out a step that compiled (a "
+               "compiled model meeting a new shape: paid once a run); FLOPs per target token of the same steps' "
+               "batches by FlopCounterMode when training ends (forward, loss, backward; padded positions included, "
+               "as computed; the CPU's flash attention counted as FlopCounterMode counts the GPU's). "
                "GEMM rates measured by the benchmark's process between the runs with the run's threads and dtype: "
                "at 2048³, and over the step's linear-layer products at its mean tokens per batch (forward, and "
                "the backward's two with their transposed operands), each as often as a step has it. MFU: "

@@ -1,18 +1,23 @@
 """What tools/bench_mfu.py measures inside a real training run (`python -m transformer.train`, this callback
 added by Hydra overrides): target tokens/s over a window of optimizer steps, then where the steps' time goes by kind
-(torch.profiler), then the FLOPs of a step (FlopCounterMode); written as JSON into `out` when training ends."""
+(torch.profiler); when training ends, the FLOPs of the timed steps themselves (FlopCounterMode over their batches
+again), all written as JSON into `out`."""
 
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
 import torch._inductor.config
 from pytorch_lightning import Callback
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-PROFILED, COUNTED = 3, 2  # steps under the profiler, then under FlopCounterMode
+from transformer.model.loss import batch_loss_sum
+
+PROFILED = 3  # steps under the profiler, after the timed ones
 KINDS = ("matmul", "casts and copies", "elementwise", "norm", "dropout", "optimizer and EMA", "inductor kernels",
          "framework")  # fmt: skip
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
@@ -54,6 +59,33 @@ def time_by_kind(self_times: dict[str, float], wall: float) -> dict[str, float]:
     return {kind: kinds[kind] for kind in KINDS}
 
 
+def _cpu_flash(query, key, value, *args, **kwargs) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_flash_backward(grad_out, query, key, value, *args, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+# FlopCounterMode knows SDPA's GPU kernels only; a CPU trains through this one in fp32 and with long keys
+CPU_SDPA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward}  # fmt: skip
+
+
+def step_flops(model, batches: list[dict], label_smoothing: float, rdrop_alpha: float | None = None,
+               context: Callable[[], AbstractContextManager] = nullcontext) -> int:  # fmt: skip
+    """FLOPs of the training step's forward, loss and backward over `batches` (collated batches), as FlopCounterMode
+    counts them: matmuls and attention, padded positions included, as computed. The gradients are dropped after."""
+    counter = FlopCounterMode(display=False, custom_mapping=CPU_SDPA)
+    with counter:
+        for batch in batches:
+            with context():
+                loss, _ = batch_loss_sum(model, batch, label_smoothing, rdrop_alpha)
+            loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
 def compilations() -> int:
     """A number that grows whenever dynamo or inductor compiles something (a graph, a recompile, a backward)."""
     counters = torch._dynamo.utils.counters
@@ -61,19 +93,20 @@ def compilations() -> int:
 
 
 class StepCost(Callback):
-    """Optimizer steps first..first+steps-1 timed (target tokens/s), the next `profiled` profiled, the next `counted`
-    FLOP-counted; training should stop after them (trainer.max_steps = first + steps + profiled + counted). A timed
-    step that compiled (a compiled model meeting a new shape) is left out of the rate and counted: its cost is paid
-    once a run, not per step."""
+    """Optimizer steps first..first+steps-1 timed (target tokens/s), the next `profiled` profiled; training should
+    stop after them (trainer.max_steps = first + steps + profiled). A timed step that compiled (a compiled model
+    meeting a new shape) is left out of the rate and counted: its cost is paid once a run, not per step. When training
+    ends, the timed steps' batches go through forward, loss and backward again under FlopCounterMode, so that the
+    rate and the FLOPs are of the same batches (a Multi30k batch's FLOPs per target token vary by 10%: padding, and
+    the source's length against the target's)."""
 
-    def __init__(self, out: str, first: int = 5, steps: int = 20, profiled: int = PROFILED, counted: int = COUNTED):
-        self.out, self.first, self.steps, self.profiled, self.counted = Path(out), first, steps, profiled, counted
+    def __init__(self, out: str, first: int = 5, steps: int = 20, profiled: int = PROFILED):
+        self.out, self.first, self.steps, self.profiled = Path(out), first, steps, profiled
         self.found = {"timed": {"steps": 0, "seconds": 0.0, "target_tokens": 0, "compiling_steps": 0}}
         self.start = None
-        self.step_start: tuple[float, int, int] | None = None  # (clock, compilations, target tokens) of a timed step
+        self.step_start: tuple[float, int, dict] | None = None  # (clock, compilations, batch) of a timed step
+        self.timed_batches: list[dict] = []  # those of the timed steps that did not compile
         self.profiler: torch.profiler.profile | None = None
-        self.flops: FlopCounterMode | None = None
-        self.flop_tokens = 0
         self.parameter_shapes: set[tuple[int, ...]] = set()
         # inductor's C++ kernels named in the profile (set before anything compiles)
         torch._inductor.config.cpp.enable_kernel_profile = True
@@ -90,34 +123,25 @@ class StepCost(Callback):
             self._timed(now - self.step_start[0], compilations() != self.step_start[1], self.step_start[2])
             self.step_start = None
         if self.first <= step < timed_end:
-            self.step_start = (now, compilations(), batch["tgt_tokens"])
+            self.step_start = (now, compilations(), batch)
         if step == timed_end:
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
             self.profiler.start()
             self.start = time.perf_counter()
-        if step == timed_end + self.profiled:
-            self._profile_done()
-        if timed_end + self.profiled <= step < timed_end + self.profiled + self.counted:
-            self.flops = FlopCounterMode(display=False)
-            self.flops.__enter__()
-            self.flop_tokens += batch["tgt_tokens"]
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.flops is not None:  # the optimizer step ran inside the batch: its FLOPs are counted too
-            self.flops.__exit__(None, None, None)
-            counted = self.found.setdefault("flops", {"total": 0, "target_tokens": 0})
-            counted["total"] += self.flops.get_total_flops()
-            counted["target_tokens"] = self.flop_tokens
-            self.flops = None
+        if self.profiler is not None and trainer.global_step == self.first + self.steps + self.profiled:
+            self._profile_done()  # the last profiled step has run (training may stop here)
 
-    def _timed(self, seconds: float, compiled: bool, target_tokens: int) -> None:
+    def _timed(self, seconds: float, compiled: bool, batch: dict) -> None:
         timed = self.found["timed"]
         if compiled:
             timed["compiling_steps"] += 1
             return
         timed["steps"] += 1
         timed["seconds"] += seconds
-        timed["target_tokens"] += target_tokens
+        timed["target_tokens"] += batch["tgt_tokens"]
+        self.timed_batches.append(batch)
 
     def _profile_done(self) -> None:
         wall = time.perf_counter() - self.start
@@ -143,6 +167,10 @@ class StepCost(Callback):
         return casts
 
     def on_train_end(self, trainer, module):
+        optim = module.optim_config
+        flops = step_flops(module.model, self.timed_batches, optim.label_smoothing, optim.rdrop_alpha,
+                           trainer.precision_plugin.forward_context)  # fmt: skip
+        self.found["flops"] = {"total": flops, "target_tokens": self.found["timed"]["target_tokens"]}
         cfg = module.model_config
         self.found["precision"] = str(trainer.precision)
         self.found["model"] = {"d_model": cfg.d_model, "d_ff": cfg.d_ff, "vocab": cfg.tgt_vocab_size,

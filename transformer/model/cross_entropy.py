@@ -1,6 +1,8 @@
 """The output layer and the label-smoothed cross-entropy in one piece, a chunk of rows at a time: no (tokens x
-vocabulary) logits in float32, nor their log-probabilities and gradient beside them. Eager only; under
-torch.compile the plain formulation, which inductor fuses itself.
+vocabulary) logits in float32, nor their log-probabilities and gradient beside them. Under torch.compile, the loss and
+its gradient in the logits from the same formula in forward (_LogitLoss), which inductor fuses into one pass over
+the logits, and one in backward: fewer passes than the plain formulation's log_softmax kernels (docs/benchmarks.md,
+"Compiled training step").
 
 Between the logits' matmul and the gradient's two, the loss and the gradient in the logits are elementwise work
 over tokens x vocabulary: on a CPU a fifth of the small model's step in eager ops, which pass over the logits a dozen
@@ -27,13 +29,15 @@ def linear_cross_entropy(x: Tensor, weight: Tensor, labels: Tensor, label_smooth
     """F.cross_entropy(F.linear(x, weight, bias), labels, label_smoothing=..., ignore_index=..., reduction="sum") for
     x (N, d), weight (V, d), bias (V,) or None, labels (N,): the same value and gradients, to rounding, in the dtype
     matmuls run in.
-    The plain formulation where the fused one would not pay or would lose: compiled, and in float16, whose gradient
-    in the logits (probabilities down to 1e-6 and below, before the loss scale reaches them) it would flush to zero."""
+    The plain formulation in float16, whose gradient in the logits (probabilities down to 1e-6 and below, before the
+    loss scale reaches them) the fused one would flush to zero."""
     x, weight, bias = cast_once(x), cast_once(weight), None if bias is None else cast_once(bias)
-    if torch.compiler.is_compiling() or x.dtype == torch.float16:
+    if x.dtype == torch.float16:
         logits = F.linear(x, weight, bias).float()  # (N, V)
         return F.cross_entropy(logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing,
                                reduction="sum")  # fmt: skip
+    if torch.compiler.is_compiling():  # one graph: no chunks, and the kernel is the graph's own
+        return _LogitLoss.apply(F.linear(x, weight, bias), labels, label_smoothing, ignore_index)
     if not torch.is_grad_enabled():  # validation: no gradient computed in forward (needs_input_grad would ask)
         x, weight, bias = x.detach(), weight.detach(), None if bias is None else bias.detach()
     return _LinearCrossEntropy.apply(x, weight, bias, labels, label_smoothing, ignore_index)
@@ -171,3 +175,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total: Tensor):
         return *(None if grad is None else grad * grad_total for grad in ctx.saved_tensors), None, None, None
+
+
+class _LogitLoss(torch.autograd.Function):
+    """logit_loss_and_grad of logits z (N, V) in a compiled graph: the loss, its gradient in z kept for backward (or
+    recomputed there from z, as the partitioner decides)."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, labels: Tensor, smoothing: float, ignore_index: int) -> Tensor:
+        total, g = logit_loss_and_grad(z, labels, smoothing, ignore_index, True)
+        ctx.save_for_backward(g)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total: Tensor):
+        (g,) = ctx.saved_tensors
+        return g * grad_total.to(g.dtype), None, None, None
