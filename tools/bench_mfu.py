@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from common.machine import gemm_seconds, machine, precision_dtype, square_gemm_rate
+from common.gemm import step_gemm_rate
+from common.machine import machine, precision_dtype, square_gemm_rate
 from common.report import record
 from step_cost import KINDS, PROFILED
 from transformer.machine.allocator import restart_with_jemalloc
@@ -39,26 +40,9 @@ WARMUP = 12
 STEPS = {"small": 30, "base": 10}
 
 
-def model_products(model: dict, tokens: int) -> list[tuple[int, int, int, int]]:
-    """(m, k, n, count) of the step's linear-layer products, forward only, at `tokens` rows."""
-    d, ff, V = model["d_model"], model["d_ff"], model["vocab"]
-    return [(tokens, d, 3 * d, model["encoder_layers"] + model["decoder_layers"]),  # self-attention's Q, K, V
-            (tokens, d, d, model["encoder_layers"] + 3 * model["decoder_layers"]),  # out-projections, cross's Q
-            (tokens, d, 2 * d, model["decoder_layers"]),  # cross-attention's K, V
-            (tokens, d, ff, model["encoder_layers"] + model["decoder_layers"]),
-            (tokens, ff, d, model["encoder_layers"] + model["decoder_layers"]),
-            (tokens, d, V, 1)]  # fmt: skip
-
-
 def gemm_rates(model: dict, tokens: int, dtype: torch.dtype) -> tuple[float, float]:
     """FLOP/s at 2048^3, and over the model's products with their backward's two (each as often as a step has it)."""
-    square = square_gemm_rate(dtype)
-    flops = seconds = 0.0
-    for m, k, n, count in model_products(model, tokens):
-        for shape, layout in (((m, k, n), "nt"), ((m, n, k), "nn"), ((n, m, k), "tn")):
-            flops += count * 2 * m * k * n
-            seconds += count * gemm_seconds(*shape, dtype, layout=layout)
-    return square, flops / seconds
+    return square_gemm_rate(dtype), step_gemm_rate(model, tokens, dtype)
 
 
 def run(size: str, mode: str, steps: int, folder: Path) -> dict:
