@@ -307,8 +307,8 @@ class OutputLoss(torch.nn.Module):
 
 
 def test_the_compiled_loss_has_the_plain_losss_value_and_gradients_in_float64():
-    """Compiled, the loss and its gradient in the logits come from one formula in forward (as eager's fused loss),
-    which inductor fuses into one pass over the logits and one in backward."""
+    """Compiled, the loss is the fused loss's formula (the loss and its gradient in the logits in forward): it has the
+    plain loss's value, dtype and gradients."""
     torch.manual_seed(0)
     labels = torch.tensor([3, 0, 5, 7, 1, 9, 0])  # 0 is ignore_index: the pad's rows count for nothing
     plain = OutputLoss(16, 40, labels).double()
@@ -324,3 +324,22 @@ def test_the_compiled_loss_has_the_plain_losss_value_and_gradients_in_float64():
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     torch.testing.assert_close(compiled_x.grad, plain_x.grad, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(compiled.output.weight.grad, plain.output.weight.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_the_compiled_bf16_loss_scales_its_gradient_by_the_gradient_from_above_unrounded():
+    """Lightning divides the loss by accumulate_grad_batches: 1/3 rounded to bf16 first would scale every gradient by
+    1.0018."""
+    torch.manual_seed(0)
+    labels = torch.randint(1, 40, (64,))
+    loss = OutputLoss(16, 40, labels)
+    x = torch.randn(64, 16)
+    grads = []
+    for scale in (1.0, 1 / 3):
+        torch._dynamo.reset()
+        loss.zero_grad()
+        with torch.autocast("cpu", torch.bfloat16):
+            value = torch.compile(loss, backend="aot_eager", fullgraph=True)(x)
+        (value * scale).backward()
+        grads.append(loss.output.weight.grad.clone())
+    ratio = (grads[1] / grads[0])[grads[0] != 0].median().item()
+    assert abs(3 * ratio - 1) < 2e-4

@@ -2,6 +2,8 @@
 the GPU check's analytic formula (tools/common/gpu.py) plus what the kernels compute beyond it: the causal half, and
 the flash kernel's backward recomputing the scores."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from common.gpu import training_flops
 from step_cost import step_flops
 from transformer.data.batching import Collate
 from transformer.model import ModelConfig, build_model
+from transformer.model.compiling import compile_dynamic
 
 V = 53
 
@@ -49,3 +52,16 @@ def test_two_batches_count_the_sum_of_each():
     first, second = unpadded_batch(2, 5, 3), unpadded_batch(4, 3, 8)
     each = step_flops(model, [first], 0.1) + step_flops(model, [second], 0.1)
     assert step_flops(model, [first, second], 0.1) == each
+
+
+def test_a_compiled_model_counts_the_flops_of_its_eager_ops():
+    """Under FlopCounterMode (a dispatch mode) a compiled model runs eagerly: bench_mfu's compiled rows count model
+    FLOPs, the same as eager's, not inductor's kernels'."""
+    cfg = ModelConfig(src_vocab_size=V, tgt_vocab_size=V, pad_id=0, d_model=32, n_heads=4, d_ff=64,
+                      n_encoder_layers=1, n_decoder_layers=1, dropout=0.0)  # fmt: skip
+    eager = build_model(cfg).train()
+    compiled = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    compile_dynamic(compiled, backend="aot_eager")
+    batch = unpadded_batch(2, 5, 3)
+    assert step_flops(compiled, [batch], 0.1) == step_flops(eager, [batch], 0.1)

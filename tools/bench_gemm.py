@@ -11,7 +11,7 @@ Run it alone: two torch processes on 2 cores slow each other 4-5x.
 
 import argparse
 
-from common.gemm import LAYOUTS, layout_shape, model_products, step_gemm_rate
+from common.gemm import LAYOUTS, layout_shape, model_dims, model_products, step_gemm_rate
 from common.machine import gemm_seconds, machine, precision_dtype, square_gemm_rate
 from common.report import record
 from transformer.machine.allocator import restart_with_jemalloc
@@ -19,12 +19,6 @@ from transformer.machine.precision import measured_choice
 from transformer.model import ModelConfig
 
 VOCAB = 8000  # Multi30k's shared sentencepiece vocabulary
-
-
-def dims(size: str) -> dict:
-    cfg = ModelConfig.from_size(size, src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, pad_id=0)
-    return {"d_model": cfg.d_model, "d_ff": cfg.d_ff, "vocab": VOCAB, "encoder_layers": cfg.n_encoder_layers,
-            "decoder_layers": cfg.n_decoder_layers}  # fmt: skip
 
 
 def main() -> None:
@@ -45,7 +39,7 @@ def main() -> None:
     layouts = ["| size | product (m x k x n, forward) | per step | " + " | ".join(LAYOUTS) + " |",
                "|---|---|---:|" + "---:|" * len(LAYOUTS)]  # fmt: skip
     for size in args.sizes:
-        model = dims(size)
+        model = model_dims(ModelConfig.from_size(size, src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, pad_id=0))
         rates = [step_gemm_rate(model, t, dtype, repeats=5) for t in args.tokens]
         summary.append(f"| {size} | " + " | ".join(f"{r / 1e9:.0f} ({r / square:.0%})" for r in rates) + " |")
         print(summary[-1], flush=True)
@@ -62,8 +56,8 @@ def main() -> None:
               "gradient, tn: the weight gradient):\n\n" + "\n".join(layouts))  # fmt: skip
     print(tables)
     if args.write:
-        record("bench_gemm", f"The step's matrix products (`python tools/bench_gemm.py --tokens "
-               f"{' '.join(map(str, args.tokens))} --write`)",
+        record("bench_gemm", f"The step's matrix products (`python tools/bench_gemm.py --sizes {' '.join(args.sizes)} "
+               f"--tokens {' '.join(map(str, args.tokens))} --layout-tokens {args.layout_tokens} --write`)",
                f": {precision} (trainer.precision=auto's choice here), {square / 1e9:.0f} GFLOP/s at 2048³; the "
                f"models' products at Multi30k's vocabulary ({VOCAB:,}), each the median of 5 after one untimed, "
                "written in place.\n\n" + tables)  # fmt: skip

@@ -7,8 +7,8 @@ this machine reaches in the same run, at 2048^3 and at the model's own matmul sh
 
 Each run is a subprocess with the StepCost callback (tools/step_cost.py): target tokens/s over --steps
 optimizer steps after a warm-up (a step that compiles is left out and counted), then 3 steps under torch.profiler
-(time by kind); then the timed steps' batches again under FlopCounterMode (FLOPs per target token, padding included,
-as the step computes them). Both modes time the same batches (the same seed and warm-up). The GEMM rates are measured by this process
+(time by kind); then the timed steps' batches again under FlopCounterMode (model FLOPs per target token, padding
+included; a compiled model counts its eager ops). Both modes time the same batches (the same seed and warm-up). The GEMM rates are measured by this process
 between the runs, in the precision the run trained in (trainer.precision=auto's choice). Run it alone.
 """
 
@@ -40,14 +40,9 @@ WARMUP = 12
 STEPS = {"small": 30, "base": 10}
 
 
-def gemm_rates(model: dict, tokens: int, dtype: torch.dtype) -> tuple[float, float]:
-    """FLOP/s at 2048^3, and over the model's products with their backward's two (each as often as a step has it)."""
-    return square_gemm_rate(dtype), step_gemm_rate(model, tokens, dtype)
-
-
 def run(size: str, mode: str, steps: int, folder: Path) -> dict:
     command = [sys.executable, "-m", "transformer.train", *RECIPE, f"model={size}", *MODES[mode],
-               f"trainer.max_steps={WARMUP + steps + PROFILED}", f"hydra.run.dir={folder}",
+               f"trainer.max_steps={WARMUP + steps + PROFILED + 1}", f"hydra.run.dir={folder}",
                "+callbacks.step_cost._target_=step_cost.StepCost", f"+callbacks.step_cost.out={folder}",
                f"+callbacks.step_cost.first={WARMUP}", f"+callbacks.step_cost.steps={steps}"]  # fmt: skip
     # the training process loads StepCost from this folder
@@ -83,7 +78,8 @@ def main() -> None:
                 speed = timed["target_tokens"] / timed["seconds"]
                 dtype = precision_dtype(found["precision"])
                 torch.set_num_threads(found["threads"])
-                square, own = gemm_rates(found["model"], timed["target_tokens"] // timed["steps"], dtype)
+                square = square_gemm_rate(dtype)
+                own = step_gemm_rate(found["model"], timed["target_tokens"] // timed["steps"], dtype)
                 achieved = per_token * speed
                 rates.append(f"| {size} | {mode} | {found['precision']} | {per_token / 1e6:.1f} | {speed:,.0f} | "
                              f"{achieved / 1e9:.0f} | {square / 1e9:.0f} | {own / 1e9:.0f} | {achieved / square:.0%} | "
@@ -103,9 +99,10 @@ def main() -> None:
                ": `python -m transformer.train experiment=multi30k_de_en_cpu model=small` (and `model=base`; its precision, AdamW, EMA, "
                "logging), validation and checkpoints off; target tokens/s over the timed steps after "
                f"{WARMUP} warm-up steps (the same batches in both modes), leaving out a step that compiled (a "
-               "compiled model meeting a new shape: paid once a run); FLOPs per target token of the same steps' "
-               "batches by FlopCounterMode when training ends (forward, loss, backward; padded positions included, "
-               "as computed; the CPU's flash attention counted as FlopCounterMode counts the GPU's). "
+               "compiled model meeting a new shape: paid once a run); model FLOPs per target token of the same steps' "
+               "batches by FlopCounterMode when training ends (forward, loss, backward as eager runs them, a compiled "
+               "model too; padded positions included; the CPU's flash attention counted as FlopCounterMode counts "
+               "the GPU's). "
                "GEMM rates measured by the benchmark's process between the runs with the run's threads and dtype: "
                "at 2048³, and over the step's linear-layer products at its mean tokens per batch (forward, and "
                "the backward's two with their transposed operands), each as often as a step has it. MFU: "

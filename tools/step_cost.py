@@ -1,7 +1,7 @@
 """What tools/bench_mfu.py measures inside a real training run (`python -m transformer.train`, this callback
 added by Hydra overrides): target tokens/s over a window of optimizer steps, then where the steps' time goes by kind
-(torch.profiler); when training ends, the FLOPs of the timed steps themselves (FlopCounterMode over their batches
-again), all written as JSON into `out`."""
+(torch.profiler); when training ends, the model FLOPs of the timed steps themselves (FlopCounterMode over their
+batches again), all written as JSON into `out`."""
 
 import json
 import time
@@ -15,6 +15,7 @@ import torch._inductor.config
 from pytorch_lightning import Callback
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from common.gemm import model_dims
 from transformer.model.loss import batch_loss_sum
 
 PROFILED = 3  # steps under the profiler, after the timed ones
@@ -59,25 +60,27 @@ def time_by_kind(self_times: dict[str, float], wall: float) -> dict[str, float]:
     return {kind: kinds[kind] for kind in KINDS}
 
 
-def _cpu_flash(query, key, value, *args, **kwargs) -> int:
+def _cpu_flash_flops(query, key, value, *args, **kwargs) -> int:
     return sdpa_flop_count(query, key, value)
 
 
-def _cpu_flash_backward(grad_out, query, key, value, *args, **kwargs) -> int:
+def _cpu_flash_backward_flops(grad_out, query, key, value, *args, **kwargs) -> int:
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
 # FlopCounterMode knows SDPA's GPU kernels only; a CPU trains through this one in fp32 and with long keys
-CPU_SDPA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash,
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward}  # fmt: skip
+CPU_FLASH_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
+                   torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops}  # fmt: skip
 
 
 def step_flops(model, batches: list[dict], label_smoothing: float, rdrop_alpha: float | None = None,
                context: Callable[[], AbstractContextManager] = nullcontext) -> int:  # fmt: skip
     """FLOPs of the training step's forward, loss and backward over `batches` (collated batches), as FlopCounterMode
-    counts them: matmuls and attention, padded positions included, as computed. The gradients are dropped after."""
-    counter = FlopCounterMode(display=False, custom_mapping=CPU_SDPA)
-    with counter:
+    counts them: matmuls and attention, padded positions included. Under a dispatch mode a compiled model runs its
+    eager ops, so a compiled and an eager model count the same: the model's FLOPs, not inductor's kernels'. The
+    gradients are dropped after."""
+    counter = FlopCounterMode(display=False, custom_mapping=CPU_FLASH_FLOPS)
+    with counter, torch.enable_grad():
         for batch in batches:
             with context():
                 loss, _ = batch_loss_sum(model, batch, label_smoothing, rdrop_alpha)
@@ -93,8 +96,9 @@ def compilations() -> int:
 
 
 class StepCost(Callback):
-    """Optimizer steps first..first+steps-1 timed (target tokens/s), the next `profiled` profiled; training should
-    stop after them (trainer.max_steps = first + steps + profiled). A timed step that compiled (a compiled model
+    """Optimizer steps first..first+steps-1 timed (target tokens/s), the next `profiled` profiled, each from its batch's
+    start to the next's, as the timed ones; training should stop one step after them (trainer.max_steps = first +
+    steps + profiled + 1). A timed step that compiled (a compiled model
     meeting a new shape) is left out of the rate and counted: its cost is paid once a run, not per step. When training
     ends, the timed steps' batches go through forward, loss and backward again under FlopCounterMode, so that the
     rate and the FLOPs are of the same batches (a Multi30k batch's FLOPs per target token vary by 10%: padding, and
@@ -128,10 +132,8 @@ class StepCost(Callback):
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
             self.profiler.start()
             self.start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.profiler is not None and trainer.global_step == self.first + self.steps + self.profiled:
-            self._profile_done()  # the last profiled step has run (training may stop here)
+        if step == timed_end + self.profiled:
+            self._profile_done()
 
     def _timed(self, seconds: float, compiled: bool, batch: dict) -> None:
         timed = self.found["timed"]
@@ -171,10 +173,8 @@ class StepCost(Callback):
         flops = step_flops(module.model, self.timed_batches, optim.label_smoothing, optim.rdrop_alpha,
                            trainer.precision_plugin.forward_context)  # fmt: skip
         self.found["flops"] = {"total": flops, "target_tokens": self.found["timed"]["target_tokens"]}
-        cfg = module.model_config
         self.found["precision"] = str(trainer.precision)
-        self.found["model"] = {"d_model": cfg.d_model, "d_ff": cfg.d_ff, "vocab": cfg.tgt_vocab_size,
-                               "encoder_layers": cfg.n_encoder_layers, "decoder_layers": cfg.n_decoder_layers}  # fmt: skip
+        self.found["model"] = model_dims(module.model_config)
         self.found["threads"] = torch.get_num_threads()
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "step_cost.json").write_text(json.dumps(self.found, indent=1))

@@ -8,6 +8,12 @@ from .machine import gemm_seconds
 LAYOUTS = ("nt", "nn", "tn")  # forward x @ W.t(), input gradient g @ W, weight gradient g.t() @ x
 
 
+def model_dims(cfg) -> dict:
+    """What model_products needs of a ModelConfig, as plain values (a benchmark's JSON record keeps them)."""
+    return {"d_model": cfg.d_model, "d_ff": cfg.d_ff, "vocab": cfg.tgt_vocab_size,
+            "encoder_layers": cfg.n_encoder_layers, "decoder_layers": cfg.n_decoder_layers}  # fmt: skip
+
+
 def model_products(model: dict, tokens: int) -> list[tuple[str, int, int, int, int]]:
     """(name, m, k, n, count) of the step's linear-layer products, forward only, at `tokens` rows; model as
     {d_model, d_ff, vocab, encoder_layers, decoder_layers}."""

@@ -190,4 +190,4 @@ class _LogitLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total: Tensor):
         (g,) = ctx.saved_tensors
-        return g * grad_total.to(g.dtype), None, None, None
+        return g * grad_total, None, None, None  # a 0-dim float32 keeps g's dtype, unrounded
