@@ -11,8 +11,8 @@ Run it alone: two torch processes on 2 cores slow each other 4-5x.
 
 import argparse
 
-from common.gemm import LAYOUTS, layout_shape, model_dims, model_products, step_gemm_rate
-from common.machine import gemm_seconds, machine, precision_dtype, square_gemm_rate
+from common.gemm import LAYOUTS, model_dims, product_seconds, step_rate
+from common.machine import machine, precision_dtype, square_gemm_rate
 from common.report import record
 from transformer.machine.allocator import restart_with_jemalloc
 from transformer.machine.precision import measured_choice
@@ -40,15 +40,13 @@ def main() -> None:
                "|---|---|---:|" + "---:|" * len(LAYOUTS)]  # fmt: skip
     for size in args.sizes:
         model = model_dims(ModelConfig.from_size(size, src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, pad_id=0))
-        rates = [step_gemm_rate(model, t, dtype, repeats=5) for t in args.tokens]
+        timed = {t: product_seconds(model, t, dtype, repeats=5) for t in {*args.tokens, args.layout_tokens}}
+        rates = [step_rate(timed[t]) for t in args.tokens]
         summary.append(f"| {size} | " + " | ".join(f"{r / 1e9:.0f} ({r / square:.0%})" for r in rates) + " |")
         print(summary[-1], flush=True)
-        for name, m, k, n, count in model_products(model, args.layout_tokens):
-            cells = []
-            for layout in LAYOUTS:
-                seconds = gemm_seconds(*layout_shape(m, k, n, layout), dtype, layout=layout, repeats=5)
-                cells.append(f"{2 * m * k * n / seconds / 1e9:.0f}")
-            layouts.append(f"| {size} | {name} ({m} x {k} x {n}) | {count} | " + " | ".join(cells) + " |")
+        for (name, m, k, n, count), seconds in timed[args.layout_tokens]:
+            cells = " | ".join(f"{2 * m * k * n / seconds[layout] / 1e9:.0f}" for layout in LAYOUTS)
+            layouts.append(f"| {size} | {name} ({m} x {k} x {n}) | {count} | {cells} |")
             print(layouts[-1], flush=True)
     tables = ("GFLOP/s over a step's linear-layer products with their backward's two, each as often as a step has it "
               "(in parentheses: of the 2048³ rate):\n\n" + "\n".join(summary) +

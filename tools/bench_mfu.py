@@ -8,8 +8,9 @@ this machine reaches in the same run, at 2048^3 and at the model's own matmul sh
 Each run is a subprocess with the StepCost callback (tools/step_cost.py): target tokens/s over --steps
 optimizer steps after a warm-up (a step that compiles is left out and counted), then 3 steps under torch.profiler
 (time by kind); then the timed steps' batches again under FlopCounterMode (model FLOPs per target token, padding
-included; a compiled model counts its eager ops). Both modes time the same batches (the same seed and warm-up). The GEMM rates are measured by this process
-between the runs, in the precision the run trained in (trainer.precision=auto's choice). Run it alone.
+included; a compiled model counts its eager ops). Both modes time the same batches (the same seed and warm-up). The
+GEMM rates are measured by this process between the runs, in the precision the run trained in
+(trainer.precision=auto's choice). Run it alone.
 """
 
 import argparse

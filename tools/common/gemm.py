@@ -32,11 +32,22 @@ def layout_shape(m: int, k: int, n: int, layout: str) -> tuple[int, int, int]:
     return {"nt": (m, k, n), "nn": (m, n, k), "tn": (n, m, k)}[layout]
 
 
+def product_seconds(model: dict, tokens: int, dtype: torch.dtype, repeats: int = 7) -> list[tuple[tuple, dict]]:
+    """Each of model_products' (name, m, k, n, count) with the seconds of one product in each layout."""
+    timed = []
+    for product in model_products(model, tokens):
+        _, m, k, n, _ = product
+        seconds = {layout: gemm_seconds(*layout_shape(m, k, n, layout), dtype, layout=layout, repeats=repeats)
+                   for layout in LAYOUTS}  # fmt: skip
+        timed.append((product, seconds))
+    return timed
+
+
+def step_rate(timed: list[tuple[tuple, dict]]) -> float:
+    """FLOP/s over product_seconds' products with their backward's two, each as often as a step has it."""
+    flops = sum(count * 2 * m * k * n * len(seconds) for (_, m, k, n, count), seconds in timed)
+    return flops / sum(count * sum(seconds.values()) for (*_, count), seconds in timed)
+
+
 def step_gemm_rate(model: dict, tokens: int, dtype: torch.dtype, repeats: int = 7) -> float:
-    """FLOP/s over the model's products with their backward's two, each as often as a step has it."""
-    flops = seconds = 0.0
-    for _, m, k, n, count in model_products(model, tokens):
-        for layout in LAYOUTS:
-            flops += count * 2 * m * k * n
-            seconds += count * gemm_seconds(*layout_shape(m, k, n, layout), dtype, layout=layout, repeats=repeats)
-    return flops / seconds
+    return step_rate(product_seconds(model, tokens, dtype, repeats))
