@@ -256,14 +256,14 @@ def test_compile_modes_that_cannot_work_are_refused_before_the_data(tmp_path, ov
     assert not (tmp_path / "cache").exists()
 
 
-def saved_for_backward_dtypes(module: torch.nn.Module, *inputs: torch.Tensor) -> list[torch.dtype]:
-    """The dtypes of what a compiled module's forward saves for its backward, split as inductor splits it (its
-    decompositions, the min-cut partitioner), the C++ compilation left out."""
-    dtypes = []
+def saved_for_backward(module: torch.nn.Module, *inputs: torch.Tensor) -> list[torch.Tensor]:
+    """What a compiled module's forward saves for its backward (fake tensors: dtype and shape), split as inductor
+    splits it (its decompositions, the min-cut partitioner), the C++ compilation left out."""
+    saved = []
 
     def forward_compiler(graph, _):
         outputs = next(node for node in graph.graph.nodes if node.op == "output").args[0]
-        dtypes.extend(node.meta["val"].dtype for node in outputs if isinstance(node.meta.get("val"), torch.Tensor))
+        saved.extend(node.meta["val"] for node in outputs if isinstance(node.meta.get("val"), torch.Tensor))
         return make_boxed_func(graph.forward)
 
     def backend(graph, example_inputs):
@@ -274,7 +274,7 @@ def saved_for_backward_dtypes(module: torch.nn.Module, *inputs: torch.Tensor) ->
 
     torch._dynamo.reset()
     torch.compile(module, backend=backend, fullgraph=True)(*inputs).sum().backward()
-    return dtypes
+    return saved[1:]  # after the forward's own output
 
 
 def test_a_compiled_cpu_feed_forward_block_saves_no_bool_mask():
@@ -283,7 +283,7 @@ def test_a_compiled_cpu_feed_forward_block_saves_no_bool_mask():
     block = FeedForward(cfg).train()
     x = torch.randn(3, 5, cfg.d_model, requires_grad=True)
     with torch.autocast("cpu", torch.bfloat16):
-        dtypes = saved_for_backward_dtypes(block, x)
+        dtypes = [t.dtype for t in saved_for_backward(block, x)]
     assert torch.bfloat16 in dtypes and torch.bool not in dtypes
 
 
@@ -324,6 +324,18 @@ def test_the_compiled_loss_has_the_plain_losss_value_and_gradients_in_float64():
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     torch.testing.assert_close(compiled_x.grad, plain_x.grad, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(compiled.output.weight.grad, plain.output.weight.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_the_compiled_loss_saves_no_logits_sized_tensor_for_backward():
+    """Its gradients are computed in forward, as the eager loss's: backward scales them and computes nothing over
+    tokens x vocabulary again (kept for backward instead, the logits' gradient was computed again there from the saved
+    logits: a second pass over them)."""
+    tokens, vocab = 64, 40
+    loss = OutputLoss(16, vocab, torch.randint(1, vocab, (tokens,)))
+    x = torch.randn(tokens, 16, requires_grad=True)
+    with torch.autocast("cpu", torch.bfloat16):
+        saved = saved_for_backward(loss, x)
+    assert saved and all(t.numel() < tokens * vocab for t in saved)
 
 
 def test_the_compiled_bf16_loss_scales_its_gradient_by_the_gradient_from_above_unrounded():

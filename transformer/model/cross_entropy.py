@@ -1,8 +1,8 @@
 """The output layer and the label-smoothed cross-entropy in one piece, a chunk of rows at a time: no (tokens x
-vocabulary) logits in float32, nor their log-probabilities and gradient beside them. Under torch.compile, the loss and
-its gradient in the logits from the same formula in forward (_LogitLoss), which inductor fuses into one pass over
-the logits, and one in backward: fewer passes than the plain formulation's log_softmax kernels (docs/benchmarks.md,
-"Compiled training step").
+vocabulary) logits in float32, nor their log-probabilities and gradient beside them. Under torch.compile, one chunk
+in the model's graph: its loss and gradient in the logits are one inductor kernel with the graph's others, and its
+gradients are computed in forward there too, so that backward saves no logits and passes over them no more
+(docs/benchmarks.md, "Compiled training step").
 
 Between the logits' matmul and the gradient's two, the loss and the gradient in the logits are elementwise work
 over tokens x vocabulary: on a CPU a fifth of the small model's step in eager ops, which pass over the logits a dozen
@@ -36,8 +36,6 @@ def linear_cross_entropy(x: Tensor, weight: Tensor, labels: Tensor, label_smooth
         logits = F.linear(x, weight, bias).float()  # (N, V)
         return F.cross_entropy(logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing,
                                reduction="sum")  # fmt: skip
-    if torch.compiler.is_compiling():  # one graph: no chunks, and the kernel is the graph's own
-        return _LogitLoss.apply(F.linear(x, weight, bias), labels, label_smoothing, ignore_index)
     if not torch.is_grad_enabled():  # validation: no gradient computed in forward (needs_input_grad would ask)
         x, weight, bias = x.detach(), weight.detach(), None if bias is None else bias.detach()
     return _LinearCrossEntropy.apply(x, weight, bias, labels, label_smoothing, ignore_index)
@@ -115,6 +113,8 @@ def logit_kernel(z: Tensor, labels: Tensor, smoothing: float, ignore_index: int,
     mode); and where inductor cannot build it (no C++ compiler: said once)."""
     global _compiled
     args = labels, smoothing, ignore_index, wants_grad
+    if torch.compiler.is_compiling():  # in a compiled model's graph, whose kernel inductor builds with the rest
+        return logit_loss_and_grad(z, *args)
     if (z.device.type != "cpu" or _compiled is False or _get_current_dispatch_mode() is not None
             or _get_current_function_mode_stack()):  # fmt: skip
         return in_place_logit_loss_and_grad(z, *args)
@@ -141,13 +141,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
         wants_x, wants_weight, wants_bias = ctx.needs_input_grad[:3]
         wants_grad = wants_x or wants_weight or wants_bias
         rows = max(1, CHUNK_ELEMENTS // V)
+        # one chunk in a compiled model's graph, which knows no row count to loop over (nor guards on one)
+        chunked = not torch.compiler.is_compiling() and N > rows
         wide = _wide(x.dtype)  # where sums over chunks are kept
-        grad_x = torch.empty_like(x) if wants_x and N > rows else None  # one chunk's is x's gradient
-        grad_weight = weight.new_zeros(weight.shape, dtype=wide) if wants_weight and N > rows else None  # summed
+        grad_x = torch.empty_like(x) if wants_x and chunked else None  # one chunk's is x's gradient
+        grad_weight = weight.new_zeros(weight.shape, dtype=wide) if wants_weight and chunked else None  # summed
         grad_bias = weight.new_zeros(V, dtype=wide) if wants_bias else None  # summed over rows
         totals = []
-        for start in range(0, N, rows):
-            xc, yc = x[start : start + rows], labels[start : start + rows]  # (n, d), (n,)
+        for start in range(0, N, rows) if chunked else [0]:
+            xc, yc = (x[start : start + rows], labels[start : start + rows]) if chunked else (x, labels)  # (n, d), (n,)
             z = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias, xc, weight.t())  # (n, V)
             total, g = logit_kernel(z, yc, smoothing, ignore_index, wants_grad)
             totals.append(total)
@@ -155,10 +157,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 continue
             g = g.to(x.dtype)  # (n, V)
             if wants_x:
-                if N <= rows:
-                    grad_x = g @ weight  # (N, d)
-                else:
+                if chunked:
                     grad_x[start : start + rows] = g @ weight  # (n, d)
+                else:
+                    grad_x = g @ weight  # (N, d)
             if wants_weight:
                 part = g.t() @ xc  # (V, d)
                 grad_weight = part if grad_weight is None else grad_weight.add_(part)
@@ -175,19 +177,3 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total: Tensor):
         return *(None if grad is None else grad * grad_total for grad in ctx.saved_tensors), None, None, None
-
-
-class _LogitLoss(torch.autograd.Function):
-    """logit_loss_and_grad of logits z (N, V) in a compiled graph: the loss, its gradient in z kept for backward (or
-    recomputed there from z, as the partitioner decides)."""
-
-    @staticmethod
-    def forward(ctx, z: Tensor, labels: Tensor, smoothing: float, ignore_index: int) -> Tensor:
-        total, g = logit_loss_and_grad(z, labels, smoothing, ignore_index, True)
-        ctx.save_for_backward(g)
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_total: Tensor):
-        (g,) = ctx.saved_tensors
-        return g * grad_total, None, None, None  # a 0-dim float32 keeps g's dtype, unrounded
