@@ -5,10 +5,10 @@ the small model's training step, eager and compiled: the step's time and a compi
     python tools/bench_dropout.py            # print the tables
     python tools/bench_dropout.py --write    # and record them in docs/benchmarks.md
 
-Alone: forward and backward at the recipe's shapes in bf16, on one thread and on all. The step: forward, the project's loss, backward and
-AdamW step on Multi30k batches with the recipe's dropout (0.2), bf16 autocast; each pair of models trains on the same
-batches in interleaved windows, after --warmup batches (a compiled model's graphs). Run it alone, under jemalloc as
-training runs (the script restarts itself under it as training does).
+Alone: forward and backward at the recipe's shapes in bf16, on one thread and on all. The step: forward, the project's
+loss, backward and AdamW step on Multi30k batches with the recipe's dropout (0.2), bf16 autocast; each pair of models
+trains on the same batches in interleaved windows, after --warmup batches (a compiled model's graphs). Run it alone,
+under jemalloc as training runs (the script restarts itself under it as training does).
 """
 
 import argparse
@@ -67,8 +67,9 @@ def step_rows(warmup: int, windows: int, per_window: int) -> list[str]:
         ours = build_model(cfg).train()
         hashed = with_hashed_dropout(copy.deepcopy(ours))
         optimizers = {m: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for m in (ours, hashed)}
-        if mode == "eager":  # the loss kernel's own compilation, which both models then share
-            train_steps(copy.deepcopy(ours), torch.optim.AdamW(ours.parameters()), batches[:1], "bf16", tok.pad_id)
+        if mode == "eager":  # the loss kernel's own compilation, which both models then share: on a throwaway copy
+            throwaway = copy.deepcopy(ours)
+            train_steps(throwaway, torch.optim.AdamW(throwaway.parameters()), batches[:1], "bf16", tok.pad_id)
         warmup_s = {}
         for model, optimizer in optimizers.items():
             if mode == "compiled":

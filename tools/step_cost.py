@@ -99,9 +99,9 @@ class StepCost(Callback):
     """Optimizer steps first..first+steps-1 timed (target tokens/s), the next `profiled` profiled, each from its batch's
     start to the next's, as the timed ones; training should stop one step after them (trainer.max_steps = first +
     steps + profiled + 1). A timed step that compiled (a compiled model meeting a new shape) is left out of the rate
-    and counted: its cost is paid once a run, not per step. When training ends, the timed steps' batches go through forward, loss and backward again under FlopCounterMode, so that the
-    rate and the FLOPs are of the same batches (a Multi30k batch's FLOPs per target token vary by 10%: padding, and
-    the source's length against the target's)."""
+    and counted: its cost is paid once a run, not per step. When training ends, the timed steps' batches go through
+    forward, loss and backward again under FlopCounterMode, so that the rate and the FLOPs are of the same batches (a
+    Multi30k batch's FLOPs per target token vary by 10%: padding, and the source's length against the target's)."""
 
     def __init__(self, out: str, first: int = 5, steps: int = 20, profiled: int = PROFILED):
         self.out, self.first, self.steps, self.profiled = Path(out), first, steps, profiled

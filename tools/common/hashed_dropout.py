@@ -9,9 +9,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from transformer.model.dropout import Dropout
+from transformer.model.dropout import _RESOLUTION, Dropout, _scale
 
-_RESOLUTION = 1 << 15
 _M32 = 0xFFFFFFFF
 _MULTIPLIER = 0x45D9F3B  # below 2**27: a 32-bit value times it stays below 2**59, so int64 never overflows
 
@@ -48,7 +47,7 @@ _compiled = torch.compile(dropped_out, dynamic=True, fullgraph=True)
 
 def _kernel(x: Tensor, seed: Tensor, dropped: int) -> Tensor:
     # the scale as a tensor: computed from a symbolic `dropped` it would be a double and round otherwise than eager
-    scale = torch.tensor(_RESOLUTION / (_RESOLUTION - dropped), dtype=torch.float32)
+    scale = torch.tensor(_scale(dropped), dtype=torch.float32)
     with torch._dynamo.config.patch(recompile_limit=16):
         return _compiled(x, seed, dropped, scale)
 
@@ -75,7 +74,7 @@ class HashedDropout(Dropout):
         dropped = round(self.p * _RESOLUTION)
         seed = dropout_seed(x.detach())
         if torch.compiler.is_compiling():
-            return checkpoint(dropped_out, x, seed, dropped, _RESOLUTION / (_RESOLUTION - dropped), use_reentrant=False)
+            return checkpoint(dropped_out, x, seed, dropped, _scale(dropped), use_reentrant=False)
         return _HashedDropout.apply(x, seed, dropped)
 
 
