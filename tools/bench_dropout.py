@@ -13,7 +13,7 @@ under jemalloc as training runs (the script restarts itself under it as training
 
 import argparse
 import copy
-import statistics
+from collections.abc import Callable
 
 import torch
 import torch._inductor.config
@@ -21,8 +21,7 @@ import torch._inductor.config
 from common.hashed_dropout import HashedDropout, with_hashed_dropout
 from common.machine import machine, median_seconds
 from common.report import record
-from common.training import train_steps
-from transformer.data import DataConfig, TranslationDataModule
+from common.training import interleaved_rates, multi30k_batches, train_steps
 from transformer.machine.allocator import restart_with_jemalloc
 from transformer.model import ModelConfig, build_model
 from transformer.model.compiling import compile_dynamic
@@ -52,11 +51,7 @@ def alone_rows(repeats: int, threads: int) -> list[str]:
 
 
 def step_rows(warmup: int, windows: int, per_window: int) -> list[str]:
-    data = TranslationDataModule(DataConfig())
-    data.setup()
-    tok = data.src_tokenizer
-    loader = iter(data.train_dataloader())
-    batches = [next(loader) for _ in range(warmup + windows * per_window)]
+    batches, tok = multi30k_batches(warmup + windows * per_window)
     cfg = ModelConfig.from_size("small", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
                                 pad_id=tok.pad_id, dropout=P)  # fmt: skip
     rows = ["| mode | ours tok/s | hashed tok/s | hashed vs ours | warm-up, ours | warm-up, hashed |",
@@ -66,26 +61,25 @@ def step_rows(warmup: int, windows: int, per_window: int) -> list[str]:
         torch.manual_seed(0)
         ours = build_model(cfg).train()
         hashed = with_hashed_dropout(copy.deepcopy(ours))
-        optimizers = {m: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for m in (ours, hashed)}
         if mode == "eager":  # the loss kernel's own compilation, which both models then share: on a throwaway copy
             throwaway = copy.deepcopy(ours)
             train_steps(throwaway, torch.optim.AdamW(throwaway.parameters()), batches[:1], "bf16", tok.pad_id)
-        warmup_s = {}
-        for model, optimizer in optimizers.items():
-            if mode == "compiled":
-                compile_dynamic(model)
-            warmup_s[model], _ = train_steps(model, optimizer, batches[:warmup], "bf16", tok.pad_id)
-        rates = {ours: [], hashed: []}
-        for w in range(windows):  # interleaved, so that both see the same machine
-            window = batches[warmup + w * per_window : warmup + (w + 1) * per_window]
-            for model, optimizer in optimizers.items():
-                seconds, tokens = train_steps(model, optimizer, window, "bf16", tok.pad_id)
-                rates[model].append(tokens / seconds)
-        rate, candidate = statistics.median(rates[ours]), statistics.median(rates[hashed])
+        else:
+            compile_dynamic(ours)
+            compile_dynamic(hashed)
+        runners = {name: trainer(model, tok.pad_id) for name, model in (("ours", ours), ("hashed", hashed))}
+        warmup_s, rates = interleaved_rates(runners, batches, warmup, windows, per_window)
+        rate, candidate = rates["ours"], rates["hashed"]
         rows.append(f"| {mode} | {rate:,.0f} | {candidate:,.0f} | {candidate / rate:.2f}x | "
-                    f"{warmup_s[ours]:.0f} s | {warmup_s[hashed]:.0f} s |")  # fmt: skip
+                    f"{warmup_s['ours']:.0f} s | {warmup_s['hashed']:.0f} s |")  # fmt: skip
         print(rows[-1], flush=True)
     return rows
+
+
+def trainer(model: torch.nn.Module, pad: int) -> Callable[[list[dict]], tuple[float, int]]:
+    """Batches -> (seconds, target tokens): bf16 autocast and a fused AdamW of its own."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    return lambda batches: train_steps(model, optimizer, batches, "bf16", pad)
 
 
 def main() -> None:

@@ -1,12 +1,15 @@
 """The timed training loop every training benchmark runs: the same loss, backward and optimizer step for any model."""
 
+import statistics
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer.data import DataConfig, SentencePiece, TranslationDataModule
 from transformer.model import EncoderDecoder
 from transformer.model.loss import batch_loss_sum
 
@@ -22,7 +25,8 @@ def batch_loss(model: nn.Module, batch: dict, pad: int, label_smoothing: float) 
 
 
 def train_steps(model, optimizer, batches, precision, pad, label_smoothing=0.1):
-    """Seconds for one optimizer step per batch, and the target tokens trained."""
+    """Seconds for one optimizer step per batch, and the target tokens trained: under bf16 autocast where precision is
+    "bf16", else in the model's own dtype."""
     device = batches[0]["src"].device.type
     autocast = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
     start = time.perf_counter()
@@ -37,3 +41,25 @@ def train_steps(model, optimizer, batches, precision, pad, label_smoothing=0.1):
     if device == "cuda":
         torch.cuda.synchronize()  # the steps were queued: the time is theirs only once they have run
     return time.perf_counter() - start, tokens
+
+
+def multi30k_batches(count: int) -> tuple[list[dict], SentencePiece]:
+    """The first `count` training batches of Multi30k as training collates them, and the tokenizer (source's)."""
+    data = TranslationDataModule(DataConfig())
+    data.setup()
+    loader = iter(data.train_dataloader())
+    return [next(loader) for _ in range(count)], data.src_tokenizer
+
+
+def interleaved_rates(runners: dict[str, Callable[[list[dict]], tuple[float, int]]], batches: list[dict],
+                      warmup: int, windows: int, per_window: int) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+    """(each runner's warm-up seconds, its median target tokens/s): every runner (batches -> seconds, tokens) trains
+    on the first `warmup` batches, then on the same windows of the rest in turn, so that all see the same machine."""
+    warmup_s = {name: run(batches[:warmup])[0] for name, run in runners.items()}
+    rates = {name: [] for name in runners}
+    for w in range(windows):
+        window = batches[warmup + w * per_window : warmup + (w + 1) * per_window]
+        for name, run in runners.items():
+            seconds, tokens = run(window)
+            rates[name].append(tokens / seconds)
+    return warmup_s, {name: statistics.median(r) for name, r in rates.items()}
