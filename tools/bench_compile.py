@@ -18,8 +18,7 @@ from torch._dynamo.utils import counters
 
 from common.machine import machine
 from common.report import record
-from common.training import train_steps
-from transformer.data import DataConfig, TranslationDataModule
+from common.training import multi30k_batches, train_steps
 from transformer.model import ModelConfig, build_model
 from transformer.model.compiling import compile_dynamic
 
@@ -32,11 +31,7 @@ def main():
     parser.add_argument("--batches", type=int, default=4, help="batches per window")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    data = TranslationDataModule(DataConfig())
-    data.setup()
-    tok = data.src_tokenizer
-    loader = iter(data.train_dataloader())
-    batches = [next(loader) for _ in range(args.warmup + args.windows * args.batches)]
+    batches, tok = multi30k_batches(args.warmup + args.windows * args.batches)
     cfg = ModelConfig.from_size(args.size, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
                                 pad_id=tok.pad_id)  # fmt: skip
     print(machine())

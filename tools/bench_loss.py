@@ -18,8 +18,7 @@ import torch.nn.functional as F
 
 from common.machine import median_seconds
 from common.report import record
-from common.training import train_steps
-from transformer.data import DataConfig, TranslationDataModule
+from common.training import multi30k_batches, train_steps
 from transformer.machine.allocator import restart_with_jemalloc
 from transformer.model import ModelConfig, build_model
 from transformer.model import cross_entropy as fused
@@ -63,11 +62,7 @@ def loss_rows(repeats: int) -> list[str]:
 
 
 def step_rows(windows: int, per_window: int = 4) -> list[str]:
-    data = TranslationDataModule(DataConfig())
-    data.setup()
-    tok = data.src_tokenizer
-    loader = iter(data.train_dataloader())
-    batches = [next(loader) for _ in range(3 + windows * per_window)]
+    batches, tok = multi30k_batches(3 + windows * per_window)
     cfg = ModelConfig.from_size("small", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
                                 pad_id=tok.pad_id, dropout=0.2)  # fmt: skip
     torch.manual_seed(0)
