@@ -21,7 +21,7 @@ from transformer.model.kernels.rules import cuda_kernel
 from transformer.train import train
 from transformer.training import OptimConfig, TranslationModule, ValidationConfig
 from transformer.training.module import lr_factor
-from transformer.training.resume import run_dir_for
+from transformer.training.resume import launch_overrides, merged_overrides, run_dir_for
 from transformer.training.setup import model_config
 from transformer.training.tensorboard import TensorBoardSamples
 
@@ -214,6 +214,20 @@ def test_a_second_ctrl_c_stops_at_once(corpus, tmp_path):
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 2  # step 4 did not end
 
 
+def test_a_checkpoint_records_the_overrides_its_run_was_launched_with(runs):
+    tmp = runs[0]
+    (best,) = (tmp / "d" / "checkpoints").glob("epoch0-step13-*.ckpt")  # by D's first run: [*epoch_end, max_steps]
+    first, resumed = launch_overrides(str(best), tmp / "d"), launch_overrides("last", tmp / "d")  # [*epoch_end]
+    assert "trainer.val_check_interval=13" in resumed  # what a resume by ckpt_path alone needs
+    assert first == [*resumed, "trainer.max_steps=16"]  # the resume's own ckpt_path=last is not carried on
+
+
+def test_resuming_takes_the_recorded_overrides_under_the_command_lines():
+    recorded = ["model=tiny", "+callbacks.x.step=2", "~logger", "optim.lr=1e-3"]
+    given = ["ckpt_path=last", "callbacks.x.step=5", "logger=tensorboard"]
+    assert merged_overrides(recorded, given) == ["model=tiny", "optim.lr=1e-3", *given]
+
+
 def test_ckpt_path_last_resumes_the_newest_run_that_has_a_last_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     now = time.time()
@@ -308,7 +322,7 @@ def test_checkpoints_keep_the_3_best_by_the_logged_metric_and_last(overfitted, m
 
 
 @pytest.mark.slow  # end to end in subprocesses
-def test_train_command_writes_its_run_folder(tmp_path):
+def test_train_command_writes_its_run_folder_and_resumes_it_as_launched(tmp_path):
     write_text_corpus(tmp_path / "c")
     run_dir = tmp_path / "run"
     result = run_command("debug=fast", f"hydra.run.dir={run_dir}", *tiny_data(tmp_path / "c", tmp_path / "cache"),
@@ -319,6 +333,12 @@ def test_train_command_writes_its_run_folder(tmp_path):
     assert (run_dir / "tokenizer" / "spm.model").exists()
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (HINT in result.stderr) == (jemalloc_library() is None)  # restarted under jemalloc where there is one
+    moved = run_dir.rename(tmp_path / "moved")  # resumed by its checkpoint alone, in its folder wherever it is now
+    resumed = run_command(f"ckpt_path={moved / 'checkpoints' / 'last.ckpt'}", "trainer.max_steps=4")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming as launched: debug=fast" in resumed.stderr
+    assert torch.load(moved / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    assert not run_dir.exists()
 
 
 @pytest.mark.slow  # every experiment file end to end, on Multi30k (and the mix's other corpora)

@@ -31,16 +31,24 @@ from .training.checkpoint import (
     quiet_full_disk_in_threads,
 )
 from .training.errors import TrainingError
-from .training.initial import check_run_folder_free, check_vocabulary, run_start
-from .training.resume import check_resumable, load_checkpoint, resolve_ckpt_path
+from .training.initial import check_run_folder_free, check_vocabulary, launched_as_rank_zero, run_start
+from .training.resume import (
+    RecordOverrides,
+    check_resumable,
+    launch_overrides,
+    load_checkpoint,
+    merged_overrides,
+    resolve_ckpt_path,
+)
 from .training.setup import check_compile, check_lengths, checked_trainer_args, model_config
 
 # ExactResume restores the batch sampler's position itself, which Lightning cannot see.
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 
-def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
-    """Everything before trainer.fit is checked first, so that bad input fails before any training."""
+def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | tuple = ()) -> pl.Trainer:
+    """Everything before trainer.fit is checked first, so that bad input fails before any training. `overrides`, the
+    command line's, are recorded in every checkpoint."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     optim, validation = OptimConfig(**plain["optim"]), ValidationConfig(**plain["validation"])
     runtime, data_config = RuntimeConfig(**plain["runtime"]), DataConfig.from_dict(plain["data"])
@@ -72,6 +80,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     if cfg.compile:
         compile_dynamic(module.model, **({"mode": cfg.compile_mode} if cfg.compile_mode else {}))
     callbacks = [hydra.utils.instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+    callbacks.append(RecordOverrides(overrides))
     check_monitors(callbacks, TranslationModule.validation_metrics(list(data.validation_sets)))
     trainer = pl.Trainer(
         **trainer_args,
@@ -104,7 +113,7 @@ def train(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        train(cfg, run_dir)
+        train(cfg, run_dir, list(HydraConfig.get().overrides.task))
     except Exception as e:  # a full disk under any writer into the run folder (TensorBoard's, ...): one line too
         full = disk_full_in_run(e, run_dir)
         if full is None:
@@ -120,9 +129,17 @@ def console_script() -> None:
 
 
 def cli() -> None:
-    """The command. A full disk met while Hydra writes the run's .hydra record, before main runs, ends in one line
-    too: Hydra is asked to raise its errors (HYDRA_FULL_ERROR) rather than print their tracebacks itself."""
+    """The command. Resuming (ckpt_path=...) starts from the overrides the checkpoint's run was launched with, the
+    command line's own on top: sys.argv becomes their union, which Hydra composes and DDP's ranks are launched with.
+    A full disk met while Hydra writes the run's .hydra record, before main runs, ends in one line too: Hydra is
+    asked to raise its errors (HYDRA_FULL_ERROR) rather than print their tracebacks itself."""
     cfg = check_overrides("train", sys.argv[1:])
+    recorded = launch_overrides(cfg.ckpt_path, Path(cfg.hydra.run.dir)) if cfg is not None else []
+    if recorded:
+        sys.argv[1:] = merged_overrides(recorded, sys.argv[1:])
+        cfg = check_overrides("train", sys.argv[1:])
+        if launched_as_rank_zero():
+            print(f"resuming as launched: {' '.join(sys.argv[1:])}", file=sys.stderr)
     try:
         check_run_folder_free(cfg)
     except TrainingError as e:

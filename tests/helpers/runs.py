@@ -52,7 +52,7 @@ def compose_command(name: str, overrides: list[str], run_dir: Path | None = None
 
 
 def run_train(run_dir: Path, overrides: list[str]) -> pl.Trainer:
-    return train(compose_train(run_dir, overrides), run_dir)
+    return train(compose_train(run_dir, overrides), run_dir, overrides)
 
 
 def run_command(*args: str, module: str = "transformer.train") -> subprocess.CompletedProcess:

@@ -64,9 +64,12 @@ class TrainConfig:
     # torch.compile's mode: null (its default), reduce-overhead (CUDA graphs: each step replayed without the host's
     # launches, one recording per batch shape, so it needs data.length_rungs) or max-autotune
     compile_mode: str | None = None
-    ckpt_path: str | None = None  # resume: a checkpoint file, or `last` (the run folder's checkpoints/last.ckpt)
+    # resume: a checkpoint file, or `last` (the run folder's checkpoints/last.ckpt); the overrides its run was launched
+    # with apply, the command line's on top
+    ckpt_path: str | None = None
     # start from a model: a folder transformer.import_model wrote, or a checkpoint; its architecture, weights and
-    # tokenizers, a fresh optimizer (model.dropout and the like may change). A resumed run gives it again.
+    # tokenizers, a fresh optimizer (model.dropout and the like may change). A resumed run takes it again from the
+    # overrides its checkpoint recorded.
     init_from: str | None = None
 
 

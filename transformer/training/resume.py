@@ -4,6 +4,7 @@ import pickle
 from pathlib import Path
 
 import torch
+from pytorch_lightning import Callback
 
 from ..base.errors import first_line
 from ..data.tokenizer import vocabulary_fingerprint
@@ -65,6 +66,43 @@ def peek_checkpoint(path: str) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
         return {}
+
+
+class RecordOverrides(Callback):
+    """Writes the command line's overrides into every checkpoint, so that resuming from one with `ckpt_path` alone
+    continues its run as it was launched (launch_overrides)."""
+
+    def __init__(self, overrides: list[str]):
+        self.overrides = list(overrides)
+
+    def on_save_checkpoint(self, trainer, module, checkpoint: dict) -> None:
+        checkpoint["overrides"] = self.overrides
+
+
+def override_key(override: str) -> str:
+    """`model.dropout` of `model.dropout=0.2`, `+callbacks.x=...`, `~logger`."""
+    return override.split("=", 1)[0].lstrip("~+")
+
+
+def launch_overrides(ckpt_path: str | None, run_dir: Path) -> list[str]:
+    """The overrides the checkpoint's run was launched with, less its run folder's (hydra.*) and its own ckpt_path:
+    a resumed run continues in the checkpoint's folder, wherever it lies now. [] for a new run, or a checkpoint that
+    records none (written before they were recorded, or not by training)."""
+    if not ckpt_path:
+        return []
+    path = run_dir / "checkpoints" / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
+    checkpoint = peek_checkpoint(str(path)) if path.is_file() else {}
+    recorded = checkpoint.get("overrides") if isinstance(checkpoint, dict) else None
+    if not isinstance(recorded, list):
+        return []
+    return [o for o in recorded if isinstance(o, str) and override_key(o) != "ckpt_path"
+            and not override_key(o).startswith("hydra")]  # fmt: skip
+
+
+def merged_overrides(recorded: list[str], given: list[str]) -> list[str]:
+    """The recorded overrides, then the command line's, which replace a recorded one of the same key."""
+    keys = {override_key(o) for o in given}
+    return [*(o for o in recorded if override_key(o) not in keys), *given]
 
 
 def check_resumable(checkpoint: dict, path: str, model: ModelConfig, tokenizers: dict[str, bytes]) -> None:
