@@ -8,20 +8,21 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 from pytorch_lightning.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.kernel_calls import record_sdpa
+from transformer.base.overrides import laid_over
 from transformer.cli.command import check_overrides
 from transformer.data import TranslationDataModule
 from transformer.machine.allocator import HINT, jemalloc_library
 from transformer.model import RuntimeConfig
 from transformer.model.kernels.rules import cuda_kernel
-from transformer.train import train
+from transformer.train import as_launched, train
 from transformer.training import OptimConfig, TranslationModule, ValidationConfig
 from transformer.training.module import lr_factor
-from transformer.training.resume import launch_overrides, merged_overrides, run_dir_for
+from transformer.training.resume import launch_overrides, run_dir_for
 from transformer.training.setup import model_config
 from transformer.training.tensorboard import TensorBoardSamples
 
@@ -222,10 +223,37 @@ def test_a_checkpoint_records_the_overrides_its_run_was_launched_with(runs):
     assert first == [*resumed, "trainer.max_steps=16"]  # the resume's own ckpt_path=last is not carried on
 
 
-def test_resuming_takes_the_recorded_overrides_under_the_command_lines():
-    recorded = ["model=tiny", "+callbacks.x.step=2", "~logger", "optim.lr=1e-3"]
-    given = ["ckpt_path=last", "callbacks.x.step=5", "logger=tensorboard"]
-    assert merged_overrides(recorded, given) == ["model=tiny", "optim.lr=1e-3", *given]
+def test_the_command_resumes_with_the_recorded_overrides_first_and_says_when_there_are_none(runs, tmp_path, capsys):
+    last = runs[0] / "d" / "checkpoints" / "last.ckpt"
+    given = [f"ckpt_path={last}", "trainer.max_steps=30"]
+    recorded = launch_overrides(str(last), last.parent.parent)
+    assert "trainer.max_steps=20" in recorded
+    assert as_launched(given) == [*(o for o in recorded if o != "trainer.max_steps=20"), *given]
+    assert "resuming as launched:" in capsys.readouterr().err
+    checkpoint = torch.load(last, weights_only=True)
+    del checkpoint["overrides"]  # as checkpoints written before they were recorded
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    argv = [f"ckpt_path={tmp_path / 'old.ckpt'}", "model=tiny"]
+    assert as_launched(argv) == argv
+    assert "records no overrides" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        (["callbacks.x.step=5"], {"callbacks.x.step": 5, "logger": None}),  # sets what the launch added
+        (["+callbacks.x.step=7"], {"callbacks.x.step": 7}),  # adds it anew
+        (["~callbacks.x"], {"callbacks.x": None}),  # deletes what the launch added
+        (["logger=tensorboard"], {"logger.tensorboard.name": "tensorboard"}),  # brings back what it deleted
+        (["~logger"], {"logger": None}),  # deleted once
+        (["optim.lr=5e-4"], {"optim.lr": 5e-4, "model.size": "tiny", "callbacks.x.step": 2}),
+    ],
+)  # fmt: skip
+def test_a_resumes_overrides_are_laid_over_the_recorded_ones_as_hydra_composes_them(given, expected):
+    recorded = ["model=tiny", "+callbacks.x._target_=tests.helpers.runs.SignalAt", "+callbacks.x.step=2", "~logger",
+                "optim.lr=1e-3"]  # fmt: skip
+    cfg = check_overrides("train", laid_over(recorded, ["ckpt_path=x.ckpt", *given]))
+    assert {key: OmegaConf.select(cfg, key) for key in expected} == expected
 
 
 def test_ckpt_path_last_resumes_the_newest_run_that_has_a_last_checkpoint(tmp_path, monkeypatch):

@@ -1,10 +1,12 @@
 """python -m transformer.train [experiment=...] [key=value ...]: train a model, every knob a Hydra override."""
 
 import os
+import shlex
 import shutil
 import sys
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 if __name__ == "__main__":  # before the imports below, which a restart would otherwise pay for twice (~4 s)
@@ -17,6 +19,7 @@ import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from .base.overrides import laid_over, override_key
 from .cli.command import CONFIGS, check_overrides, exit_with, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .machine.allocator import allocator_hint, restart_with_jemalloc
@@ -32,21 +35,14 @@ from .training.checkpoint import (
 )
 from .training.errors import TrainingError
 from .training.initial import check_run_folder_free, check_vocabulary, launched_as_rank_zero, run_start
-from .training.resume import (
-    RecordOverrides,
-    check_resumable,
-    launch_overrides,
-    load_checkpoint,
-    merged_overrides,
-    resolve_ckpt_path,
-)
+from .training.resume import RecordOverrides, check_resumable, launch_overrides, load_checkpoint, resolve_ckpt_path
 from .training.setup import check_compile, check_lengths, checked_trainer_args, model_config
 
 # ExactResume restores the batch sampler's position itself, which Lightning cannot see.
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 
-def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | tuple = ()) -> pl.Trainer:
+def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> pl.Trainer:
     """Everything before trainer.fit is checked first, so that bad input fails before any training. `overrides`, the
     command line's, are recorded in every checkpoint."""
     plain = OmegaConf.to_container(cfg, resolve=True)
@@ -128,18 +124,32 @@ def console_script() -> None:
     cli()
 
 
+def as_launched(argv: list[str]) -> list[str]:
+    """A resume's overrides: those its checkpoint's run was launched with, the command line's on top. Flags (-m,
+    --cfg) leave argv as it is."""
+    if any(a.startswith("-") for a in argv) or not any(override_key(a) == "ckpt_path" for a in argv):
+        return argv
+    # ckpt_path and the run folder alone: the rest may need the recorded overrides to compose (~ of a recorded +)
+    where = check_overrides("train", [a for a in argv if override_key(a) == "ckpt_path" or a.startswith("hydra")])
+    recorded = launch_overrides(where.ckpt_path, Path(where.hydra.run.dir)) if where.ckpt_path else []
+    if recorded is None and launched_as_rank_zero():
+        print(f"ckpt_path={where.ckpt_path} records no overrides (written before checkpoints did): it resumes with "
+              "the command line's alone", file=sys.stderr)  # fmt: skip
+    if not recorded:
+        return argv
+    argv = laid_over(recorded, argv)
+    if launched_as_rank_zero():
+        print(f"resuming as launched: {shlex.join(argv)}", file=sys.stderr)
+    return argv
+
+
 def cli() -> None:
-    """The command. Resuming (ckpt_path=...) starts from the overrides the checkpoint's run was launched with, the
-    command line's own on top: sys.argv becomes their union, which Hydra composes and DDP's ranks are launched with.
-    A full disk met while Hydra writes the run's .hydra record, before main runs, ends in one line too: Hydra is
-    asked to raise its errors (HYDRA_FULL_ERROR) rather than print their tracebacks itself."""
+    """The command. A resume takes the overrides its run was launched with (as_launched): sys.argv becomes them,
+    which Hydra composes and DDP's ranks are launched with. A full disk met while Hydra writes the run's .hydra
+    record, before main runs, ends in one line too: Hydra is asked to raise its errors (HYDRA_FULL_ERROR) rather
+    than print their tracebacks itself."""
+    sys.argv[1:] = as_launched(sys.argv[1:])
     cfg = check_overrides("train", sys.argv[1:])
-    recorded = launch_overrides(cfg.ckpt_path, Path(cfg.hydra.run.dir)) if cfg is not None else []
-    if recorded:
-        sys.argv[1:] = merged_overrides(recorded, sys.argv[1:])
-        cfg = check_overrides("train", sys.argv[1:])
-        if launched_as_rank_zero():
-            print(f"resuming as launched: {' '.join(sys.argv[1:])}", file=sys.stderr)
     try:
         check_run_folder_free(cfg)
     except TrainingError as e:

@@ -10,6 +10,7 @@ import yaml
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import OmegaConf
 
+from ..base.overrides import override_key
 from ..base.typecheck import check_value
 from ..config.schema import register_configs
 from ..data.sources import DataError
@@ -80,7 +81,7 @@ def _composition_error(error: Exception, argv: list[str]) -> str:
     if isinstance(cause, ValidationError) and cause.full_key and dataclasses.is_dataclass(cause.object_type):
         key = cause.full_key
         annotation = {f.name: f.type for f in dataclasses.fields(cause.object_type)}.get(key.rsplit(".", 1)[-1])
-        given = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+~") == key), None)
+        given = next((a.split("=", 1)[1] for a in argv if override_key(a) == key), None)
         if annotation is not None and given is not None:
             try:
                 check_value(key, yaml.safe_load(given), annotation)

@@ -68,8 +68,8 @@ class TrainConfig:
     # with apply, the command line's on top
     ckpt_path: str | None = None
     # start from a model: a folder transformer.import_model wrote, or a checkpoint; its architecture, weights and
-    # tokenizers, a fresh optimizer (model.dropout and the like may change). A resumed run takes it again from the
-    # overrides its checkpoint recorded.
+    # tokenizers, a fresh optimizer (model.dropout and the like may change). A resumed run needs it no more: its
+    # checkpoint names the model's tokenizers.
     init_from: str | None = None
 
 

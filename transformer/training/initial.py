@@ -16,7 +16,7 @@ from ..data.tokenizer import SentencePiece
 from ..model import ModelConfig
 from .checkpoint import RunFolderLock
 from .errors import TrainingError
-from .resume import load_checkpoint, peek_checkpoint
+from .resume import holds_training_state, load_checkpoint, peek_checkpoint
 
 # what a fine-tuning may change (model.<field>=... with init_from): regularisation, not the weights' shapes or meaning
 TUNABLE = ("dropout", "attention_dropout", "activation_dropout", "token_dropout")
@@ -32,12 +32,6 @@ def initial_checkpoint_path(init_from: str) -> str:
         raise FileNotFoundError(f"init_from={init_from}: no such checkpoint (a folder needs a {CHECKPOINT_NAME}); give "
                                 "a folder transformer.import_model wrote, or a checkpoint file")  # fmt: skip
     return str(path)
-
-
-def holds_training_state(checkpoint: dict) -> bool:
-    """Whether a run can resume from it (a training's checkpoint), or only start from its weights (an imported or
-    averaged model)."""
-    return "optimizer_states" in checkpoint
 
 
 StartKind = Literal["new", "from a model", "resumed", "resumed from a model"]

@@ -1,12 +1,15 @@
-"""Resuming: which checkpoint `ckpt_path` means, and whether it fits this run, checked before training starts."""
+"""Resuming: which checkpoint `ckpt_path` means, the overrides its run was launched with (recorded in it), and
+whether it fits this run, checked before training starts."""
 
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from pytorch_lightning import Callback
+from pytorch_lightning import Callback, LightningModule, Trainer
 
 from ..base.errors import first_line
+from ..base.overrides import override_key
 from ..data.tokenizer import vocabulary_fingerprint
 from ..model import ModelConfig
 
@@ -27,10 +30,14 @@ def run_dir_for(ckpt_path, default: str, outputs: str = "outputs") -> str:
     return str(path.parent.parent) if path.parent.name == "checkpoints" else default
 
 
+def checkpoint_file(ckpt_path: str, run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
+
+
 def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
     if not ckpt_path:
         return None
-    path = run_dir / "checkpoints" / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
+    path = checkpoint_file(ckpt_path, run_dir)
     if not path.is_file():
         where = f"no checkpoints/last.ckpt in {run_dir}" if ckpt_path == "last" else "no such file"
         raise FileNotFoundError(
@@ -63,46 +70,39 @@ def peek_checkpoint(path: str) -> dict:
     """A checkpoint's top-level contents, its tensors memory-mapped rather than read (cheap for its keys); {} if
     load_checkpoint would refuse it, which then says why."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
         return {}
+    return checkpoint if isinstance(checkpoint, dict) else {}
 
 
 class RecordOverrides(Callback):
-    """Writes the command line's overrides into every checkpoint, so that resuming from one with `ckpt_path` alone
-    continues its run as it was launched (launch_overrides)."""
+    """Writes the command line's overrides into every checkpoint a run can resume from, so that resuming with
+    `ckpt_path` alone continues its run as it was launched (launch_overrides)."""
 
-    def __init__(self, overrides: list[str]):
+    def __init__(self, overrides: Sequence[str]):
         self.overrides = list(overrides)
 
-    def on_save_checkpoint(self, trainer, module, checkpoint: dict) -> None:
+    def on_save_checkpoint(self, trainer: Trainer, module: LightningModule, checkpoint: dict) -> None:
         checkpoint["overrides"] = self.overrides
 
 
-def override_key(override: str) -> str:
-    """`model.dropout` of `model.dropout=0.2`, `+callbacks.x=...`, `~logger`."""
-    return override.split("=", 1)[0].lstrip("~+")
+def holds_training_state(checkpoint: dict) -> bool:
+    """Whether a run can resume from it (a training's checkpoint), or only start from its weights (an imported or
+    averaged model)."""
+    return "optimizer_states" in checkpoint
 
 
-def launch_overrides(ckpt_path: str | None, run_dir: Path) -> list[str]:
-    """The overrides the checkpoint's run was launched with, less its run folder's (hydra.*) and its own ckpt_path:
-    a resumed run continues in the checkpoint's folder, wherever it lies now. [] for a new run, or a checkpoint that
-    records none (written before they were recorded, or not by training)."""
-    if not ckpt_path:
+def launch_overrides(ckpt_path: str, run_dir: Path) -> list[str] | None:
+    """The overrides the checkpoint's run was launched with, less its ckpt_path and init_from (a resumed run's
+    checkpoint names its model's architecture and tokenizers itself); [] for a checkpoint no run resumes (weights
+    only, or unreadable, which training then says); None for one that records none (written before they were)."""
+    checkpoint = peek_checkpoint(str(checkpoint_file(ckpt_path, run_dir)))
+    if not holds_training_state(checkpoint):
         return []
-    path = run_dir / "checkpoints" / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
-    checkpoint = peek_checkpoint(str(path)) if path.is_file() else {}
-    recorded = checkpoint.get("overrides") if isinstance(checkpoint, dict) else None
-    if not isinstance(recorded, list):
-        return []
-    return [o for o in recorded if isinstance(o, str) and override_key(o) != "ckpt_path"
-            and not override_key(o).startswith("hydra")]  # fmt: skip
-
-
-def merged_overrides(recorded: list[str], given: list[str]) -> list[str]:
-    """The recorded overrides, then the command line's, which replace a recorded one of the same key."""
-    keys = {override_key(o) for o in given}
-    return [*(o for o in recorded if override_key(o) not in keys), *given]
+    if "overrides" not in checkpoint:
+        return None
+    return [o for o in checkpoint["overrides"] if override_key(o) not in ("ckpt_path", "init_from")]
 
 
 def check_resumable(checkpoint: dict, path: str, model: ModelConfig, tokenizers: dict[str, bytes]) -> None:
