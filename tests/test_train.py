@@ -13,7 +13,7 @@ from pytorch_lightning.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.kernel_calls import record_sdpa
-from transformer.base.overrides import laid_over
+from transformer.base.overrides import laid_over, split_flags
 from transformer.cli.command import check_overrides
 from transformer.data import TranslationDataModule
 from transformer.machine.allocator import HINT, jemalloc_library
@@ -230,12 +230,20 @@ def test_the_command_resumes_with_the_recorded_overrides_first_and_says_when_the
     assert "trainer.max_steps=20" in recorded
     assert as_launched(given) == [*(o for o in recorded if o != "trainer.max_steps=20"), *given]
     assert "resuming as launched:" in capsys.readouterr().err
+    assert as_launched(["--cfg", "job", *given]) == ["--cfg", "job", *as_launched(given)]  # shows what resumes
+    assert as_launched(["-m", *given]) == ["-m", *given]  # a multirun's jobs have folders of their own
     checkpoint = torch.load(last, weights_only=True)
     del checkpoint["overrides"]  # as checkpoints written before they were recorded
     torch.save(checkpoint, tmp_path / "old.ckpt")
     argv = [f"ckpt_path={tmp_path / 'old.ckpt'}", "model=tiny"]
     assert as_launched(argv) == argv
     assert "records no overrides" in capsys.readouterr().err
+
+
+def test_hydras_flags_are_told_from_overrides_with_their_values():
+    argv = ["-cn", "train", "--info", "ckpt_path=x", "--cfg", "job", "a=1", "--info", "defaults", "~b", "--resolve"]
+    assert split_flags(argv) == (["-cn", "train", "--info", "--cfg", "job", "--info", "defaults", "--resolve"],
+                                 ["ckpt_path=x", "a=1", "~b"])  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -362,6 +370,9 @@ def test_train_command_writes_its_run_folder_and_resumes_it_as_launched(tmp_path
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (HINT in result.stderr) == (jemalloc_library() is None)  # restarted under jemalloc where there is one
     moved = run_dir.rename(tmp_path / "moved")  # resumed by its checkpoint alone, in its folder wherever it is now
+    shown = run_command(f"ckpt_path={moved / 'checkpoints' / 'last.ckpt'}", "trainer.max_steps=4", "--cfg", "job")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "max_steps: 4" in shown.stdout and "size: tiny" in shown.stdout  # debug=fast's model, as recorded
     resumed = run_command(f"ckpt_path={moved / 'checkpoints' / 'last.ckpt'}", "trainer.max_steps=4")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming as launched: debug=fast" in resumed.stderr

@@ -19,7 +19,7 @@ import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .base.overrides import laid_over, override_key
+from .base.overrides import laid_over, override_key, split_flags
 from .cli.command import CONFIGS, check_overrides, exit_with, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .machine.allocator import allocator_hint, restart_with_jemalloc
@@ -125,19 +125,21 @@ def console_script() -> None:
 
 
 def as_launched(argv: list[str]) -> list[str]:
-    """A resume's overrides: those its checkpoint's run was launched with, the command line's on top. Flags (-m,
-    --cfg) leave argv as it is."""
-    if any(a.startswith("-") for a in argv) or not any(override_key(a) == "ckpt_path" for a in argv):
+    """A resume's overrides: those its checkpoint's run was launched with, the command line's on top, Hydra's flags
+    kept (`--cfg job` shows the configuration the resume runs with). A multirun (-m) is left as it is: its jobs'
+    folders are not the run folder `ckpt_path=last` looks in."""
+    flags, overrides = split_flags(argv)
+    if {"-m", "--multirun"} & set(flags) or not any(override_key(o) == "ckpt_path" for o in overrides):
         return argv
     # ckpt_path and the run folder alone: the rest may need the recorded overrides to compose (~ of a recorded +)
-    where = check_overrides("train", [a for a in argv if override_key(a) == "ckpt_path" or a.startswith("hydra")])
+    where = check_overrides("train", [o for o in overrides if override_key(o) == "ckpt_path" or o.startswith("hydra")])
     recorded = launch_overrides(where.ckpt_path, Path(where.hydra.run.dir)) if where.ckpt_path else []
     if recorded is None and launched_as_rank_zero():
         print(f"ckpt_path={where.ckpt_path} records no overrides (written before checkpoints did): it resumes with "
               "the command line's alone", file=sys.stderr)  # fmt: skip
     if not recorded:
         return argv
-    argv = laid_over(recorded, argv)
+    argv = [*flags, *laid_over(recorded, overrides)]
     if launched_as_rank_zero():
         print(f"resuming as launched: {shlex.join(argv)}", file=sys.stderr)
     return argv

@@ -1,4 +1,11 @@
-"""Hydra's command-line overrides as text: their keys, and one list laid over another."""
+"""Hydra's command-line overrides as text: their keys, one list laid over another, and the flags beside them."""
+
+# Hydra's flags that take the next argument as their value (`--cfg job`, `-cn train`), and those whose value is
+# optional, with the values they take (`--info defaults`; `--info` alone is followed by an override or nothing)
+_VALUED = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+           "--experimental-rerun"}  # fmt: skip
+_OPTIONAL = {"--info": {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}}
+_OPTIONAL["-i"] = _OPTIONAL["--info"]
 
 
 def override_key(override: str) -> str:
@@ -21,3 +28,18 @@ def laid_over(earlier: list[str], later: list[str]) -> list[str]:
     """`earlier` with `later` on top: what Hydra composes as `later` overriding `earlier`."""
     replaced = {(override_key(o), p) for o in later for p in _REPLACES[_prefix(o)]}
     return [*(o for o in earlier if (override_key(o), _prefix(o)) not in replaced), *later]
+
+
+def split_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags with their values, the overrides) of a command line, each in its order."""
+    flags, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("-"):
+            overrides.append(arg)
+            i += 1
+            continue
+        takes_next = arg in _VALUED or (i + 1 < len(argv) and argv[i + 1] in _OPTIONAL.get(arg, ()))
+        flags.extend(argv[i : i + 1 + takes_next])
+        i += 1 + takes_next
+    return flags, overrides
