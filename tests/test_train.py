@@ -230,8 +230,10 @@ def test_the_command_resumes_with_the_recorded_overrides_first_and_says_when_the
     assert "trainer.max_steps=20" in recorded
     assert as_launched(given) == [*(o for o in recorded if o != "trainer.max_steps=20"), *given]
     assert "resuming as launched:" in capsys.readouterr().err
-    assert as_launched(["--cfg", "job", *given]) == ["--cfg", "job", *as_launched(given)]  # shows what resumes
-    assert as_launched(["-m", *given]) == ["-m", *given]  # a multirun's jobs have folders of their own
+    assert as_launched(["--cfg", "job", *given]) == [*as_launched(given), "--cfg", "job"]  # shows what resumes
+    assert as_launched([*given, "--info"])[-1] == "--info"  # last: it would take an override for its value
+    for multirun in (["-m", *given], [*given, "hydra.mode=MULTIRUN"]):  # its jobs have folders of their own
+        assert as_launched(multirun) == multirun
     checkpoint = torch.load(last, weights_only=True)
     del checkpoint["overrides"]  # as checkpoints written before they were recorded
     torch.save(checkpoint, tmp_path / "old.ckpt")
@@ -241,8 +243,8 @@ def test_the_command_resumes_with_the_recorded_overrides_first_and_says_when_the
 
 
 def test_hydras_flags_are_told_from_overrides_with_their_values():
-    argv = ["-cn", "train", "--info", "ckpt_path=x", "--cfg", "job", "a=1", "--info", "defaults", "~b", "--resolve"]
-    assert split_flags(argv) == (["-cn", "train", "--info", "--cfg", "job", "--info", "defaults", "--resolve"],
+    argv = ["ckpt_path=x", "a=1", "~b", "-cn", "train", "--cfg", "job", "--info", "defaults", "--resolve", "--info"]
+    assert split_flags(argv) == (["-cn", "train", "--cfg", "job", "--info", "defaults", "--resolve", "--info"],
                                  ["ckpt_path=x", "a=1", "~b"])  # fmt: skip
 
 

@@ -126,10 +126,12 @@ def console_script() -> None:
 
 def as_launched(argv: list[str]) -> list[str]:
     """A resume's overrides: those its checkpoint's run was launched with, the command line's on top, Hydra's flags
-    kept (`--cfg job` shows the configuration the resume runs with). A multirun (-m) is left as it is: its jobs'
-    folders are not the run folder `ckpt_path=last` looks in."""
+    kept after them (`--cfg job` shows the configuration the resume runs with; after, so that a bare `--info` takes
+    no override for its value). A multirun is left as it is: its jobs' folders are not the run folder
+    `ckpt_path=last` looks in."""
     flags, overrides = split_flags(argv)
-    if {"-m", "--multirun"} & set(flags) or not any(override_key(o) == "ckpt_path" for o in overrides):
+    multirun = {"-m", "--multirun"} & set(flags) or "hydra.mode=MULTIRUN" in overrides
+    if multirun or not any(override_key(o) == "ckpt_path" for o in overrides):
         return argv
     # ckpt_path and the run folder alone: the rest may need the recorded overrides to compose (~ of a recorded +)
     where = check_overrides("train", [o for o in overrides if override_key(o) == "ckpt_path" or o.startswith("hydra")])
@@ -139,7 +141,7 @@ def as_launched(argv: list[str]) -> list[str]:
               "the command line's alone", file=sys.stderr)  # fmt: skip
     if not recorded:
         return argv
-    argv = [*flags, *laid_over(recorded, overrides)]
+    argv = [*laid_over(recorded, overrides), *flags]
     if launched_as_rank_zero():
         print(f"resuming as launched: {shlex.join(argv)}", file=sys.stderr)
     return argv

@@ -1,11 +1,12 @@
 """Hydra's command-line overrides as text: their keys, one list laid over another, and the flags beside them."""
 
-# Hydra's flags that take the next argument as their value (`--cfg job`, `-cn train`), and those whose value is
-# optional, with the values they take (`--info defaults`; `--info` alone is followed by an override or nothing)
-_VALUED = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-           "--experimental-rerun"}  # fmt: skip
-_OPTIONAL = {"--info": {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}}
-_OPTIONAL["-i"] = _OPTIONAL["--info"]
+# Hydra's flags that take a value, which argparse reads from the next argument (`--cfg job`, `-cn train`), and those
+# that may (`--info defaults`), with the values they take: told apart from the overrides around them by these.
+# Abbreviated flags (`--config-n`), which argparse also accepts, are not recognised.
+_TAKES_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+                "-cd", "--experimental-rerun"}  # fmt: skip
+_INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+_MAY_TAKE_VALUE = {"--info": _INFO_CHOICES, "-i": _INFO_CHOICES}
 
 
 def override_key(override: str) -> str:
@@ -39,7 +40,8 @@ def split_flags(argv: list[str]) -> tuple[list[str], list[str]]:
             overrides.append(arg)
             i += 1
             continue
-        takes_next = arg in _VALUED or (i + 1 < len(argv) and argv[i + 1] in _OPTIONAL.get(arg, ()))
-        flags.extend(argv[i : i + 1 + takes_next])
-        i += 1 + takes_next
+        with_value = arg in _TAKES_VALUE or (i + 1 < len(argv) and argv[i + 1] in _MAY_TAKE_VALUE.get(arg, ()))
+        width = 2 if with_value else 1
+        flags.extend(argv[i : i + width])
+        i += width
     return flags, overrides
