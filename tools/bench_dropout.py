@@ -1,9 +1,10 @@
 """The CPU dropout: ours (transformer/model/dropout.py: the mask drawn from the global generator) against a candidate
 that hashes each element's index with a seed per call (tools/common/hashed_dropout.py) and torch's own, alone and in
-the small model's training step, eager and compiled: the step's time and a compiled model's cold warm-up.
+the training step of each model size, eager and compiled: the step's time and a compiled model's cold warm-up.
 
     python tools/bench_dropout.py            # print the tables
     python tools/bench_dropout.py --write    # and record them in docs/benchmarks.md
+    python tools/bench_dropout.py --sizes base   # the step of one size (default: small and base)
 
 Alone: forward and backward at the recipe's shapes in bf16, on one thread and on all. The step: forward, the project's
 loss, backward and AdamW step on Multi30k batches with the recipe's dropout (0.2), bf16 autocast; each pair of models
@@ -13,7 +14,6 @@ under jemalloc as training runs (the script restarts itself under it as training
 
 import argparse
 import copy
-from collections.abc import Callable
 
 import torch
 import torch._inductor.config
@@ -21,7 +21,7 @@ import torch._inductor.config
 from common.hashed_dropout import HashedDropout, with_hashed_dropout
 from common.machine import machine, median_seconds
 from common.report import record
-from common.training import interleaved_rates, multi30k_batches, train_steps
+from common.training import interleaved_rates, multi30k_batches, settled, train_steps
 from transformer.machine.allocator import restart_with_jemalloc
 from transformer.model import ModelConfig, build_model
 from transformer.model.compiling import compile_dynamic
@@ -50,14 +50,14 @@ def alone_rows(repeats: int, threads: int) -> list[str]:
     return rows
 
 
-def step_rows(warmup: int, windows: int, per_window: int) -> list[str]:
+def step_rows(sizes: list[str], warmup: int, windows: int, per_window: int) -> list[str]:
     batches, tok = multi30k_batches(warmup + windows * per_window)
-    cfg = ModelConfig.from_size("small", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
-                                pad_id=tok.pad_id, dropout=P)  # fmt: skip
-    rows = ["| mode | ours tok/s | hashed tok/s | hashed vs ours | warm-up, ours | warm-up, hashed |",
-            "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    rows = ["| size | mode | ours tok/s | hashed tok/s | hashed vs ours | warm-up, ours | warm-up, hashed |",
+            "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     torch._inductor.config.force_disable_caches = True  # the warm-up compiles from nothing, as a first run does
-    for mode in ("eager", "compiled"):
+    for size, mode in ((size, mode) for size in sizes for mode in ("eager", "compiled")):
+        cfg = ModelConfig.from_size(size, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
+                                    pad_id=tok.pad_id, dropout=P)  # fmt: skip
         torch.manual_seed(0)
         ours = build_model(cfg).train()
         hashed = with_hashed_dropout(copy.deepcopy(ours))
@@ -67,24 +67,20 @@ def step_rows(warmup: int, windows: int, per_window: int) -> list[str]:
         else:
             compile_dynamic(ours)
             compile_dynamic(hashed)
-        runners = {name: trainer(model, tok.pad_id) for name, model in (("ours", ours), ("hashed", hashed))}
+        runners = {name: settled(model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True), "bf16", tok.pad_id)
+                   for name, model in (("ours", ours), ("hashed", hashed))}  # fmt: skip
         warmup_s, rates = interleaved_rates(runners, batches, warmup, windows, per_window)
         rate, candidate = rates["ours"], rates["hashed"]
-        rows.append(f"| {mode} | {rate:,.0f} | {candidate:,.0f} | {candidate / rate:.2f}x | "
+        rows.append(f"| {size} | {mode} | {rate:,.0f} | {candidate:,.0f} | {candidate / rate:.2f}x | "
                     f"{warmup_s['ours']:.0f} s | {warmup_s['hashed']:.0f} s |")  # fmt: skip
         print(rows[-1], flush=True)
     return rows
 
 
-def trainer(model: torch.nn.Module, pad: int) -> Callable[[list[dict]], tuple[float, int]]:
-    """Batches -> (seconds, target tokens): bf16 autocast and a fused AdamW of its own."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    return lambda batches: train_steps(model, optimizer, batches, "bf16", pad)
-
-
 def main() -> None:
     restart_with_jemalloc()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["small", "base"])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=8, help="batches each model trains on before timing")
     parser.add_argument("--windows", type=int, default=8)
@@ -94,15 +90,16 @@ def main() -> None:
     print(machine())
     alone = alone_rows(args.repeats, torch.get_num_threads())
     print("\n".join(alone), flush=True)
-    step = step_rows(args.warmup, args.windows, args.batches)
+    step = step_rows(args.sizes, args.warmup, args.windows, args.batches)
     print("\n".join(step))
     if args.write:
-        record("bench_dropout", "The CPU dropout (`python tools/bench_dropout.py --write`)",
+        sizes = " ".join(args.sizes)
+        record("bench_dropout", f"The CPU dropout (`python tools/bench_dropout.py --sizes {sizes} --write`)",
                f": p = {P}, bf16. Alone: forward and backward on 1 thread and on all, median of {args.repeats} after two "
                "warm-up calls. "
                "Ours: 15-bit chunks of the global generator's serial draws, stored and saved; hashed: the candidate "
                "(each element's index hashed with a seed per call, in the kernel that applies the mask, again in "
-               "backward); torch's: nn.Dropout. The small model's training step (Multi30k batches, forward, loss, "
+               "backward); torch's: nn.Dropout. The training step of each size (Multi30k batches, forward, loss, "
                f"backward, fused AdamW, bf16 autocast), median of {args.windows} interleaved windows of "
                f"{args.batches} batches after {args.warmup} warm-up ones, whose seconds (inductor's caches off: "
                "compiling from nothing) are the warm-up columns.\n\n" + "\n".join(alone) + "\n\n"

@@ -17,14 +17,12 @@ pays. Run it alone, under jemalloc as training runs (the script restarts itself 
 import argparse
 import copy
 import gc
-from collections.abc import Callable
 
 import torch
 
 from common.machine import machine
-from common.memory import purge_allocator
 from common.report import record
-from common.training import interleaved_rates, multi30k_batches, train_steps
+from common.training import interleaved_rates, multi30k_batches, settled
 from transformer.data import SentencePiece
 from transformer.machine.allocator import restart_with_jemalloc
 from transformer.model import ModelConfig, build_model
@@ -55,18 +53,6 @@ class MasterWeights:
             torch._foreach_copy_(self.weights, self.masters)  # the one cast of a weight per step
         for master in self.masters:
             master.grad = None  # not held through the next forward and backward, as zero_grad frees a real one's
-
-
-def settled(model: torch.nn.Module, optimizer, precision: str, pad: int) -> Callable[[list[dict]], tuple[float, int]]:
-    """Batches -> (seconds, target tokens) of a window that starts on the pages a step of this model left: the
-    allocator's freed pages purged (tools/common/memory.py), then one untimed step on the window's first batch."""
-
-    def run(batches: list[dict]) -> tuple[float, int]:
-        purge_allocator()
-        train_steps(model, optimizer, batches[:1], precision, pad)
-        return train_steps(model, optimizer, batches, precision, pad)
-
-    return run
 
 
 def table_row(size: str, mode: str, batches: list[dict], tok: SentencePiece, warmup: int, windows: int,

@@ -13,6 +13,8 @@ from transformer.data import DataConfig, SentencePiece, TranslationDataModule
 from transformer.model import EncoderDecoder
 from transformer.model.loss import batch_loss_sum
 
+from .memory import purge_allocator
+
 
 def batch_loss(model: nn.Module, batch: dict, pad: int, label_smoothing: float) -> torch.Tensor:
     """Loss per target token: ours by the project's training loss (logits only at real target tokens, the batch
@@ -63,3 +65,15 @@ def interleaved_rates(runners: dict[str, Callable[[list[dict]], tuple[float, int
             seconds, tokens = run(window)
             rates[name].append(tokens / seconds)
     return warmup_s, {name: statistics.median(r) for name, r in rates.items()}
+
+
+def settled(model: torch.nn.Module, optimizer, precision: str, pad: int) -> Callable[[list[dict]], tuple[float, int]]:
+    """Batches -> (seconds, target tokens) of a window that starts on the pages a step of this model left: the
+    allocator's freed pages purged (tools/common/memory.py), then one untimed step on the window's first batch."""
+
+    def run(batches: list[dict]) -> tuple[float, int]:
+        purge_allocator()
+        train_steps(model, optimizer, batches[:1], precision, pad)
+        return train_steps(model, optimizer, batches, precision, pad)
+
+    return run
