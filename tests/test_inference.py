@@ -132,12 +132,12 @@ def test_evaluate_bad_input_is_one_line(trained, args, message, tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith(message)
 
 
-def test_averaging_is_exact_and_loadable(trained, tmp_path):
+def test_averaging_is_exact_and_loadable(trained, tmp_path, capsys):
     tmp, trainer, ckpt = trained
     first = torch.load(ckpt, weights_only=True)
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    for shift in (0, 1, 2):  # three steps, the middle one saved twice (a best and an epoch checkpoint)
+    for shift in (0, 1, 2):  # three steps, the first and the last saved twice (a best and an epoch checkpoint)
         state = {k: v + shift if v.is_floating_point() else v for k, v in first["state_dict"].items()}
         for name in {f"a{shift}.ckpt", f"b{min(shift, 1)}.ckpt"}:
             torch.save({**first, "global_step": 10 + shift, "state_dict": state}, folder / name)
@@ -150,7 +150,11 @@ def test_averaging_is_exact_and_loadable(trained, tmp_path):
             value = ((value + 1).double() + (value + 2).double()).div(2).to(value.dtype)
         assert torch.equal(averaged["state_dict"][name], value), name
 
-    same = average_checkpoints([ckpt, ckpt])  # the average of a checkpoint with itself translates as it does
+    with pytest.raises(SystemExit):  # one step's best and epoch checkpoints, as a glob of the folder gives them
+        average([str(folder / "a0.ckpt"), str(folder / "b0.ckpt"), str(folder / "a1.ckpt")])
+    assert "hold the same step (10) of one run" in capsys.readouterr().err
+
+    same = average_checkpoints([ckpt])  # the average of one checkpoint translates as it does
     torch.save(same, tmp_path / "same.pt")
     search = SearchConfig(beam_size=2)
     sources = (tmp / "c" / "test.de").read_text().splitlines()[:8]

@@ -14,6 +14,7 @@ under jemalloc as training runs (the script restarts itself under it as training
 
 import argparse
 import copy
+import gc
 
 import torch
 import torch._inductor.config
@@ -56,6 +57,8 @@ def step_rows(sizes: list[str], warmup: int, windows: int, per_window: int) -> l
             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     torch._inductor.config.force_disable_caches = True  # the warm-up compiles from nothing, as a first run does
     for size, mode in ((size, mode) for size in sizes for mode in ("eager", "compiled")):
+        torch._dynamo.reset()  # the last pair's graphs and the memory they hold
+        gc.collect()
         cfg = ModelConfig.from_size(size, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size,
                                     pad_id=tok.pad_id, dropout=P)  # fmt: skip
         torch.manual_seed(0)
@@ -102,7 +105,8 @@ def main() -> None:
                "backward); torch's: nn.Dropout. The training step of each size (Multi30k batches, forward, loss, "
                f"backward, fused AdamW, bf16 autocast), median of {args.windows} interleaved windows of "
                f"{args.batches} batches after {args.warmup} warm-up ones, whose seconds (inductor's caches off: "
-               "compiling from nothing) are the warm-up columns.\n\n" + "\n".join(alone) + "\n\n"
+               "compiling from nothing) are the warm-up columns; before each window, jemalloc's freed pages purged "
+               "and one untimed step.\n\n" + "\n".join(alone) + "\n\n"
                + "\n".join(step))  # fmt: skip
 
 

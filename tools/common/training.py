@@ -69,11 +69,16 @@ def interleaved_rates(runners: dict[str, Callable[[list[dict]], tuple[float, int
 
 def settled(model: torch.nn.Module, optimizer, precision: str, pad: int) -> Callable[[list[dict]], tuple[float, int]]:
     """Batches -> (seconds, target tokens) of a window that starts on the pages a step of this model left: the
-    allocator's freed pages purged (tools/common/memory.py), then one untimed step on the window's first batch."""
+    allocator's freed pages purged (tools/common/memory.py), then one untimed step on the window's first batch. The
+    first call, interleaved_rates' warm-up, trains no untimed step: its time is the cold start's."""
+    calls = 0
 
     def run(batches: list[dict]) -> tuple[float, int]:
+        nonlocal calls
         purge_allocator()
-        train_steps(model, optimizer, batches[:1], precision, pad)
+        if calls:
+            train_steps(model, optimizer, batches[:1], precision, pad)
+        calls += 1
         return train_steps(model, optimizer, batches, precision, pad)
 
     return run

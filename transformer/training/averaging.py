@@ -61,6 +61,11 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     """Parameters averaged in float64 and cast back; everything but the weights comes from the newest checkpoint
     (by step). The result has no optimizer or loop state: it is for evaluating and translating, not resuming."""
     loaded = sorted(((load_checkpoint(str(p)), p) for p in paths), key=lambda cp: cp[0]["global_step"])
+    for (earlier, first), (later, second) in zip(loaded, loaded[1:]):  # a glob of a folder takes both
+        if earlier["global_step"] == later["global_step"] and Path(first).parent == Path(second).parent:
+            raise ValueError(f"{first} and {second} hold the same step ({later['global_step']}) of one run, as its "
+                             "best and epoch checkpoints do: averaged, it would count twice; give one of them, or "
+                             "the checkpoints/ folder with --last N")  # fmt: skip
     newest = loaded[-1][0]
     for checkpoint, path in loaded:
         same = checkpoint["hyper_parameters"]["model"] == newest["hyper_parameters"]["model"]
