@@ -100,7 +100,7 @@ def test_lightnings_tips_are_hidden_its_other_notices_shown(no_tips_filter_left)
 @pytest.mark.skipif(datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is not None, reason="the environment decides")
 def test_datasets_progress_bars_only_for_large_splits(capfd):
     ds = datasets.Dataset.from_dict({"x": list(range(1000))})
-    assert not datasets.are_progress_bars_disabled()
+    datasets.enable_progress_bars()  # as a fresh process has them: prepare.main, run in process by other tests, disables them
     with progress_bars_if_large(len(ds)):
         ds.map(lambda b: b, batched=True)
     assert "Map" not in capfd.readouterr().err
