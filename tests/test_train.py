@@ -2,6 +2,7 @@ import inspect
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -303,6 +304,8 @@ def test_tensorboard_holds_scalars_text_and_attention_images(runs):
     for tag in ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/padding",
                 "val/loss", "val/ppl", "val/bleu", "val/chrf"]:  # fmt: skip
         assert tag in tags["scalars"], tag
+    if sys.platform.startswith("linux"):  # where the kernel says
+        assert all(0.1 < e.value < 64 for e in events.Scalars("train/resident_gib"))  # GiB, not KiB or bytes
     assert len(events.Scalars("val/bleu")) == len(events.Scalars("val/loss")) == 4  # every 4 batches of 13
     text = events.Tensors("val/translations/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert text.count("**hypothesis:**") == 3 and "nrefs:1|case:mixed" in text  # with sacreBLEU's signature

@@ -209,8 +209,8 @@ def bench_prepare(args) -> None:
 
 def loader_child(spec: dict) -> None:
     """In a fresh process: set up the data module from the cache, then time its training loader."""
-    from common.machine import status_kib
     from transformer.data import DataConfig, TranslationDataModule
+    from transformer.machine.allocator import status_kib
 
     start = time.perf_counter()
     data = TranslationDataModule(DataConfig(**spec["data"]))
@@ -301,7 +301,7 @@ def streaming_batches(split: Path, spec: dict):
 
 
 def stream_child(spec: dict) -> None:
-    from common.machine import status_kib
+    from transformer.machine.allocator import status_kib
 
     before = status_kib("VmRSS")
     start = time.perf_counter()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from common.server import start_server
 from transformer.data.sources import read_lines
+from transformer.machine.allocator import status_kib
 from transformer.translators import SearchConfig, open_translator
 
 
@@ -70,11 +71,6 @@ def cpu_list(text: str) -> list[int]:
     return cpus
 
 
-def resident_mib(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))) / 1024
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -119,9 +115,9 @@ def main() -> None:
             print(f"| {clients} | {rate:.1f} | {rate / offline:.2f} | {1000 * q[49]:.1f} | {1000 * q[94]:.1f} | "
                   f"{1000 * q[98]:.1f} | {errors} |")  # fmt: skip
         load(port, sentences, pair, 64, None, 2000)
-        after_2k = resident_mib(server.pid)
+        after_2k = status_kib("VmRSS", server.pid) / 1024
         load(port, sentences, pair, 64, None, 18000)
-        after_20k = resident_mib(server.pid)
+        after_20k = status_kib("VmRSS", server.pid) / 1024
         print(f"resident memory: {after_2k:.0f} MiB after 2,000 requests, {after_20k:.0f} MiB after 20,000 "
               f"({100 * (after_20k / after_2k - 1):+.1f}%)")  # fmt: skip
     finally:

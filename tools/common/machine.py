@@ -1,9 +1,8 @@
-"""What a measurement ran on, and how much memory this process holds."""
+"""What a measurement ran on, and how long it took."""
 
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -14,12 +13,6 @@ def machine() -> str:
         platform.processor(),
     )
     return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, Python {platform.python_version()}"
-
-
-def status_kib(field: str) -> int:
-    """A field of /proc/self/status in KiB, e.g. VmRSS (resident now) or VmHWM (peak resident)."""
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
-    return int(line.split()[1])
 
 
 def median_seconds(run, repeats: int, warmup: int = 0) -> float:

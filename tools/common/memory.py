@@ -1,8 +1,6 @@
 """Peak memory, measured one way by every benchmark: in a fresh process (`in_fresh_process`), so that nothing the
-caller allocated earlier counts, as the growth of the peak from a point the measurement chooses (`PeakGrowth`); and
-jemalloc's freed pages handed back between timed windows (`purge_allocator`)."""
+caller allocated earlier counts, as the growth of the peak from a point the measurement chooses (`PeakGrowth`)."""
 
-import ctypes
 import json
 import subprocess
 import sys
@@ -10,9 +8,7 @@ from pathlib import Path
 
 import torch
 
-from transformer.machine.allocator import jemalloc_loaded
-
-from .machine import status_kib
+from transformer.machine.allocator import status_kib
 
 
 class PeakGrowth:
@@ -43,19 +39,3 @@ def in_fresh_process(argv: list[str], env: dict | None = None):
 def report(value) -> None:
     """What the fresh process hands back: its last line of output, as JSON."""
     print(json.dumps(value), flush=True)
-
-
-MALLCTL_ARENAS_ALL = 4096  # jemalloc 5's index for every arena at once in mallctl names
-
-
-def purge_allocator() -> None:
-    """Hand jemalloc's freed pages, which training's setting never purges, back to the kernel, in every arena; nothing
-    under another allocator. Between the windows of two models trained in turn: their differently sized tensors
-    fragment what it keeps, which grew by about 1 GB a step pair of the base model without this."""
-    if not jemalloc_loaded():
-        return
-    failed = ctypes.CDLL(None).mallctl(
-        f"arena.{MALLCTL_ARENAS_ALL}.purge".encode(), None, None, None, ctypes.c_size_t(0)
-    )
-    if failed:
-        raise OSError(failed, f"jemalloc's mallctl arena.{MALLCTL_ARENAS_ALL}.purge failed")

@@ -10,10 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer.data import DataConfig, SentencePiece, TranslationDataModule
+from transformer.machine.allocator import purge_freed_pages
 from transformer.model import EncoderDecoder
 from transformer.model.loss import batch_loss_sum
-
-from .memory import purge_allocator
 
 
 def batch_loss(model: nn.Module, batch: dict, pad: int, label_smoothing: float) -> torch.Tensor:
@@ -69,13 +68,14 @@ def interleaved_rates(runners: dict[str, Callable[[list[dict]], tuple[float, int
 
 def settled(model: torch.nn.Module, optimizer, precision: str, pad: int) -> Callable[[list[dict]], tuple[float, int]]:
     """Batches -> (seconds, target tokens) of a window that starts on the pages a step of this model left: the
-    allocator's freed pages purged (tools/common/memory.py), then one untimed step on the window's first batch. The
+    allocator's freed pages purged (two models' differently sized tensors fragment what jemalloc keeps:
+    docs/benchmarks.md), then one untimed step on the window's first batch. The
     first call, interleaved_rates' warm-up, trains no untimed step: its time is the cold start's."""
     calls = 0
 
     def run(batches: list[dict]) -> tuple[float, int]:
         nonlocal calls
-        purge_allocator()
+        purge_freed_pages()
         if calls:
             train_steps(model, optimizer, batches[:1], precision, pad)
         calls += 1

@@ -1,14 +1,18 @@
 """Training runs under jemalloc when the machine has it: the process restarts itself with it preloaded, as PyTorch's
 CPU launcher (torch.backends.xeon.run_cpu) does. glibc's malloc hands every tensor over 32 MiB (logits, their
 gradients) back to the kernel when it is freed and faults it in again at the next step; on 2 CPU cores that costs
-the Multi30k recipe 2.4x its step time (docs/benchmarks.md). TRANSFORMER_ALLOCATOR=system keeps glibc's."""
+the Multi30k recipe 2.4x its step time (docs/benchmarks.md). TRANSFORMER_ALLOCATOR=system keeps glibc's.
 
+What jemalloc keeps is handed back after each validation instead (`purge_freed_pages`, called by
+transformer/training/memory.py): kept for a whole run, it fragments."""
+
+import ctypes
 import ctypes.util
 import os
 import sys
 from pathlib import Path
 
-# Freed pages stay with the process for the next step: never purged, so resident memory is the peak's
+# Freed pages stay with the process for the next step, never purged by time: only purge_freed_pages hands them back
 MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 OPT_OUT = "TRANSFORMER_ALLOCATOR"  # `system`: glibc's malloc, no restart
 HINT = ("note: CPU training ran 2.4x faster under jemalloc than under glibc's malloc (docs/benchmarks.md); install it "
@@ -25,6 +29,35 @@ def jemalloc_library() -> str | None:
 def jemalloc_loaded() -> bool:
     maps = Path("/proc/self/maps")
     return maps.exists() and "libjemalloc" in maps.read_text()
+
+
+def status_kib(field: str, pid: int | str = "self") -> int:
+    """A field of a process's /proc status in KiB, e.g. VmRSS (resident now) or VmHWM (peak resident); Linux only."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line for line in lines if line.startswith(field + ":")).split()[1])
+
+
+def resident_gib() -> float | None:
+    """This process's resident memory in GiB; None where the kernel does not say (not Linux)."""
+    return status_kib("VmRSS") / 2**20 if Path("/proc/self/status").exists() else None
+
+
+MALLCTL_ARENAS_ALL = 4096  # jemalloc 5's index for every arena at once in mallctl names
+
+
+def purge_freed_pages() -> None:
+    """Hand the freed pages jemalloc keeps back to the kernel, in every arena; nothing under another allocator. An
+    OSError if jemalloc refuses, or has no `mallctl` (a build with prefixed names)."""
+    if not jemalloc_loaded():
+        return
+    name = f"arena.{MALLCTL_ARENAS_ALL}.purge"
+    try:
+        mallctl = ctypes.CDLL(None).mallctl
+    except AttributeError:
+        raise OSError(f"the jemalloc loaded has no mallctl to purge its freed pages ({name})") from None
+    failed = mallctl(name.encode(), None, None, None, ctypes.c_size_t(0))
+    if failed:
+        raise OSError(failed, f"jemalloc's mallctl {name} failed")
 
 
 def jemalloc_environment(env: dict[str, str], library: str | None, loaded: bool) -> dict[str, str] | None:

@@ -1,22 +1,24 @@
-"""Training-loop figures for TensorBoard: the step's loss and gradient norm, learning rate, tokens/s, padding; and
-the run's closing line: how much of its wall clock the training steps took."""
+"""Training-loop figures for TensorBoard: the step's loss and gradient norm, learning rate, tokens/s, padding,
+resident memory; and the run's closing line: how much of its wall clock the training steps took."""
 
 import sys
 import time
 
 from pytorch_lightning import Callback, LightningModule, Trainer
 
+from ..machine.allocator import resident_gib
+
 
 class TrainingMonitor(Callback):
     """Every trainer.log_every_n_steps optimizer steps: train/loss and train/grad_norm (the module's readout of that
-        step), train/lr, train/tokens_per_s (target tokens per second spent in training steps since the last log: forward,
-        backward and optimizer; all ranks together) and train/padding (the fraction of those batches' cells that are
-        padding). They go straight to the loggers as the host values they are: through LightningModule.log each would be
-        copied to the device and read back, a wait per value.
+    step), train/lr, train/tokens_per_s (target tokens per second spent in training steps since the last log: forward,
+    backward and optimizer; all ranks together), train/padding (the fraction of those batches' cells that are padding)
+    and train/resident_gib (this rank's resident host memory). They go straight to the loggers as the host values
+    they are: through LightningModule.log each would be copied to the device and read back, a wait per value.
 
-        When trainer.fit ends, one line on stderr: the training steps' share of its wall clock (forward, backward and
-        optimizer, from each batch's start to its end), validation's (its sanity check included), and the rest's (data
-        waits, checkpoints). No step waits for a GPU but the one whose readout is read, once per logging interval: its wait
+    When trainer.fit ends, one line on stderr: the training steps' share of its wall clock (forward, backward and
+    optimizer, from each batch's start to its end), validation's (its sanity check included), and the rest's (data
+    waits, checkpoints). No step waits for a GPU but the one whose readout is read, once per logging interval: its wait
     drains the queue, so the steps' time summed over an interval is the GPU's, though one step's alone is the host's."""
 
     def __init__(self):
@@ -65,6 +67,9 @@ class TrainingMonitor(Callback):
             "train/tokens_per_s": self._tokens * trainer.world_size / max(self._seconds, 1e-9),
             "train/padding": 1 - self._real / max(self._cells, 1),
         }
+        resident = resident_gib()
+        if resident is not None:
+            metrics["train/resident_gib"] = resident
         if module.ledger.skipped_steps:
             metrics["train/skipped_steps"] = module.ledger.skipped_steps
         for logger in trainer.loggers:
