@@ -69,8 +69,8 @@ def interleaved_rates(runners: dict[str, Callable[[list[dict]], tuple[float, int
 def settled(model: torch.nn.Module, optimizer, precision: str, pad: int) -> Callable[[list[dict]], tuple[float, int]]:
     """Batches -> (seconds, target tokens) of a window that starts on the pages a step of this model left: the
     allocator's freed pages purged (two models' differently sized tensors fragment what jemalloc keeps:
-    docs/benchmarks.md), then one untimed step on the window's first batch. The
-    first call, interleaved_rates' warm-up, trains no untimed step: its time is the cold start's."""
+    docs/benchmarks.md), then one untimed step on the window's first batch. The first call, interleaved_rates'
+    warm-up, trains no untimed step: its time is the cold start's."""
     calls = 0
 
     def run(batches: list[dict]) -> tuple[float, int]:
