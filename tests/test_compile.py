@@ -49,10 +49,11 @@ def test_collator_gives_the_host_values_the_step_needs():
 ONE_LAYER = dict(n_encoder_layers=1, n_decoder_layers=1)
 
 
-def check_compiled_training_step_equals_eager(backend: str, checkpointed: bool = False) -> None:
+def check_compiled_training_step_equals_eager(backend: str, checkpointed: bool = False,
+                                              rdrop_alpha: float | None = None) -> None:  # fmt: skip
     """The model compiled as training compiles it, over two batches of other sizes: one graph, equal to eager. With
     dropout: a compiled CPU model draws the same masks from the same generator, in the same order, as eager, and its
-    backward reuses them (a mask drawn again would give other gradients)."""
+    backward reuses them (a mask drawn again would give other gradients). With rdrop_alpha, R-Drop's loss."""
     torch.manual_seed(0)
     cfg = ModelConfig.from_size("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=0, dropout=0.2,
                                 activation_dropout=0.1, **ONE_LAYER)  # fmt: skip
@@ -61,7 +62,7 @@ def check_compiled_training_step_equals_eager(backend: str, checkpointed: bool =
     torch._dynamo.reset()
     counters.clear()
     compile_dynamic(compiled, fullgraph=True, backend=backend)
-    eager_loss = mock.patch.object(cross_entropy, "_compiled", False)  # no graph of its own: the model's are counted
+    eager_loss = mock.patch.object(cross_entropy, "eager_only", True)  # no graph of its own: the model's are counted
     for seed, batch in enumerate((collated([5, 3, 7], [4, 6, 2]), collated([9, 2, 4, 6, 8], [3, 7, 5, 5, 1], seed=1))):
         assert batch["src_padded"]
         results = []
@@ -69,7 +70,7 @@ def check_compiled_training_step_equals_eager(backend: str, checkpointed: bool =
             model.zero_grad()
             torch.manual_seed(seed)
             with eager_loss:
-                value, _ = batch_loss_sum(model, batch, 0.1)
+                value, _ = batch_loss_sum(model, batch, 0.1, rdrop_alpha)
             value.backward()
             results.append((value.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
         (want, want_grads), (got, got_grads) = results
@@ -84,6 +85,11 @@ def test_training_forward_and_backward_capture_as_one_graph():
     check_compiled_training_step_equals_eager("aot_eager")
 
 
+def test_rdrop_training_compiles_as_one_graph():
+    """R-Drop's two passes and its loss are the same graph as the plain step's: model.loss, compiled."""
+    check_compiled_training_step_equals_eager("aot_eager", rdrop_alpha=5.0)
+
+
 def test_activation_checkpointing_compiles_as_one_graph():
     """Eager checkpointing recomputes inside the forward's kernel order (a context_fn), which dynamo refuses: a
     compiled model checkpoints without it, traced whole; its recomputed dropout masks are the forward's."""
@@ -91,8 +97,9 @@ def test_activation_checkpointing_compiles_as_one_graph():
 
 
 @pytest.mark.slow  # inductor compiles C++ kernels: about a minute on 2 cores
-def test_training_forward_and_backward_compile_with_inductor():
-    check_compiled_training_step_equals_eager("inductor")
+@pytest.mark.parametrize("rdrop_alpha", [None, 5.0], ids=["cross-entropy", "r-drop"])
+def test_training_forward_and_backward_compile_with_inductor(rdrop_alpha):
+    check_compiled_training_step_equals_eager("inductor", rdrop_alpha=rdrop_alpha)
 
 
 class CompiledGraphs(pl.Callback):

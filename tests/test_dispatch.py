@@ -140,7 +140,7 @@ def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smoothing
 def logit_kernel(request, monkeypatch):
     """Which kernel computes the loss and its gradient in the logits: inductor's (a CPU's) or the eager one."""
     if request.param == "in-place":
-        monkeypatch.setattr(fused, "_compiled", False)
+        monkeypatch.setattr(fused, "eager_only", True)
     eager = mock.Mock(wraps=fused.in_place_logit_loss_and_grad)
     monkeypatch.setattr(fused, "in_place_logit_loss_and_grad", eager)
     yield request.param
@@ -178,11 +178,12 @@ def test_a_cpu_without_a_working_compiler_computes_the_loss_in_eager_ops(monkeyp
     def fails(*args):
         raise BackendCompilerFailed(lambda: None, RuntimeError("no C++ compiler"), None)
 
-    monkeypatch.setattr(fused, "_compiled", fails)
+    monkeypatch.setattr(fused, "_compiled_kernel", lambda formula: fails)
+    monkeypatch.setattr(fused, "eager_only", False)
     z, labels = torch.randn(5, 9), torch.tensor([1, 2, 0, 8, 4])
     with pytest.warns(UserWarning, match="no C.. compiler"):
         total, grad = fused.logit_kernel(z.clone(), labels, 0.1, 0, True)  # the eager kernel overwrites z
-    assert fused._compiled is False
+    assert fused.eager_only is True
     want, want_grad = fused.in_place_logit_loss_and_grad(z.clone(), labels, 0.1, 0, True)
     torch.testing.assert_close((total, grad), (want, want_grad))
 

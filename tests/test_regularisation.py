@@ -1,16 +1,19 @@
 """Training regularisers: R-Drop (optim.rdrop_alpha), word dropout (model.token_dropout) and BPE-dropout."""
 
 import warnings
+from unittest import mock
 
 import pytest
 import pytorch_lightning as pl
 import torch
+import torch.nn.functional as F
 from torch.distributions import Categorical, kl_divergence
 
 from transformer.data import TranslationDataModule
 from transformer.data.batching import Collate
 from transformer.model import ModelConfig, build_model
-from transformer.model.loss import batch_loss_sum, rdrop_loss, target_logits
+from transformer.model import cross_entropy as fused
+from transformer.model.loss import batch_loss_sum, target_logits
 
 from .helpers import callback, config, run_train, tiny_data, write_text_corpus
 
@@ -30,13 +33,45 @@ def batch() -> dict:
     return Collate(PAD, BOS, EOS)(pairs)
 
 
-def test_rdrop_loss_is_the_mean_cross_entropy_plus_the_symmetric_kl():
-    g = torch.Generator().manual_seed(0)
-    logits, targets = torch.randn(10, V, generator=g), torch.randint(0, V, (5,), generator=g)
-    one, two = Categorical(logits=logits[:5]), Categorical(logits=logits[5:])
-    kl = (kl_divergence(one, two) + kl_divergence(two, one)).sum()
-    ce = -(one.log_prob(targets) + two.log_prob(targets)).sum()
-    torch.testing.assert_close(rdrop_loss(logits, targets, 0.0, 3.0), ce / 2 + 3.0 / 4 * kl)
+def rdrop_reference(logits: torch.Tensor, labels: torch.Tensor, smoothing: float, alpha: float, ignore_index: int):
+    """R-Drop's loss from torch.distributions: the mean of two passes' label-smoothed cross-entropies plus alpha / 4 x
+    their symmetric KL divergence, summed over the labelled pairs of rows (pass one's rows first)."""
+    n, keep = len(labels), labels != ignore_index
+    one, two = Categorical(logits=logits[:n][keep]), Categorical(logits=logits[n:][keep])
+    y = labels[keep]
+
+    def smoothed(p: Categorical) -> torch.Tensor:
+        return ((1 - smoothing) * -p.log_prob(y) - smoothing * p.logits.mean(-1)).sum()  # logits: normalised
+
+    return (smoothed(one) + smoothed(two)) / 2 + alpha / 4 * (kl_divergence(one, two) + kl_divergence(two, one)).sum()
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "eager"])
+@pytest.mark.parametrize("chunk_rows", [None, 7], ids=["one-chunk", "chunked"])
+def test_the_fused_rdrop_loss_equals_the_reference_in_float64(monkeypatch, chunk_rows, kernel):
+    """The output layer and R-Drop's loss in one piece: the value and the gradients in x, weight and bias of
+    torch.distributions' formulation, rows labelled ignore_index counting for nothing in either pass."""
+    torch.manual_seed(0)
+    n, d, vocab = 25, 16, 37
+    monkeypatch.setattr(fused, "eager_only", kernel == "eager")
+    if chunk_rows:
+        monkeypatch.setattr(fused, "CHUNK_ELEMENTS", 2 * chunk_rows * vocab)  # pairs of rows
+    x = torch.randn(2 * n, d, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(vocab, d, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(vocab, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, vocab, (n,))
+    labels[::6] = PAD
+    compiled = mock.Mock(wraps=fused._compiled_kernel)
+    monkeypatch.setattr(fused, "_compiled_kernel", compiled)
+    want = rdrop_reference(F.linear(x, w, b), labels, 0.1, 3.0, PAD)
+    got = fused.linear_cross_entropy(x, w, labels, 0.1, PAD, b, rdrop_alpha=3.0)
+    torch.testing.assert_close(got, want)
+    for g, h in zip(torch.autograd.grad(2.5 * got, (x, w, b)), torch.autograd.grad(2.5 * want, (x, w, b))):
+        torch.testing.assert_close(g, h)
+    calls = 0 if kernel == "eager" else 4 if chunk_rows else 1
+    assert compiled.call_args_list == calls * [mock.call(fused.rdrop_logit_loss_and_grad)]
+    with pytest.raises(ValueError, match="x has 50 rows for 24 labels: the loss needs two rows a label"):
+        fused.linear_cross_entropy(x, w, labels[1:], 0.1, PAD, b, rdrop_alpha=3.0)
 
 
 def test_rdrop_adds_the_kl_between_two_dropout_masks_and_nothing_without_dropout():

@@ -7,8 +7,8 @@ from .transformer import EncoderDecoder
 
 
 def compile_dynamic(model: EncoderDecoder, **options) -> None:
-    """Compile in place model.loss (the encoder, the decoder and the fused loss: the training step's graph) and
-    forward (logits: R-Drop's), so parameter names (and checkpoints) stay the plain model's. dynamic=True: every batch has
+    """Compile in place model.loss (the encoder, the decoder and the fused loss: the training step's graph, R-Drop's
+    too), so parameter names (and checkpoints) stay the plain model's. dynamic=True: every batch has
     other sizes, so they are symbols from the first trace on, not after a recompile or two of static ones.
 
     dynamic=True also makes every Python float symbolic (torch's specialize_float=False): each module's eps, dropout
@@ -17,4 +17,3 @@ def compile_dynamic(model: EncoderDecoder, **options) -> None:
     one-layer model's forward and backward, against 13 s."""
     torch._dynamo.config.specialize_float = True
     model.loss = torch.compile(model.loss, dynamic=True, **options)
-    model.compile(dynamic=True, **options)

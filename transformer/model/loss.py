@@ -1,7 +1,6 @@
 """The training loss: label-smoothed cross-entropy summed over target tokens; R-Drop's, when asked."""
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .layout import SequenceLayout
@@ -27,19 +26,6 @@ def target_logits(model: EncoderDecoder, src: Tensor, tgt_in: Tensor, tgt_out: T
     return logits, tgt_out.flatten()[where]
 
 
-def rdrop_loss(logits: Tensor, targets: Tensor, label_smoothing: float, alpha: float) -> Tensor:
-    """R-Drop (Liang et al. 2021) on two passes' logits (2N, V), pass one's N tokens first, and targets (N,):
-    summed over tokens, the mean of the passes' cross-entropies plus alpha / 4 x the symmetric KL divergence
-    between the passes, which is the paper's NLL1 + NLL2 + alpha / 2 (KL(P1||P2) + KL(P2||P1)), halved so that
-    the loss stays on the scale of one pass's (as the paper's fairseq criterion over its doubled batch)."""
-    n = len(targets)
-    ce = F.cross_entropy(logits, targets.repeat(2), label_smoothing=label_smoothing, reduction="sum")
-    log_p = F.log_softmax(logits, dim=-1)
-    p1, p2 = log_p[:n], log_p[n:]  # (N, V) each
-    kl = F.kl_div(p2, p1, log_target=True, reduction="sum") + F.kl_div(p1, p2, log_target=True, reduction="sum")
-    return ce / 2 + alpha / 4 * kl
-
-
 def _src_layout(model: EncoderDecoder, batch: dict, copies: int = 1) -> SequenceLayout:
     lengths = batch["src_lengths"].repeat(copies) if copies > 1 else batch["src_lengths"]
     return SequenceLayout.right_padded(lengths, batch["src"].size(1), batch["src_padded"],
@@ -50,13 +36,16 @@ def batch_loss_sum(model: EncoderDecoder, batch: dict, label_smoothing: float,
                    rdrop_alpha: float | None = None) -> tuple[Tensor, int]:  # fmt: skip
     """(the loss summed over target tokens, their number) of a batch as the data module's collator makes it (src,
     tgt_in, tgt_out, tgt_positions, tgt_labels, and the host facts src_lengths, src_padded, src_tokens, tgt_tokens):
-    the training step's loss, with no wait on the device. With rdrop_alpha, the batch goes through the model twice in one pass (two
-    dropout masks) and the loss is rdrop_loss."""
+    the training step's loss, with no wait on the device. With rdrop_alpha, the batch goes through the model twice in
+    one pass (two dropout masks) and the loss is R-Drop's (EncoderDecoder.loss)."""
     if rdrop_alpha is None:
         loss = model.loss(batch["src"], batch["tgt_in"], batch["tgt_labels"], where=batch["tgt_positions"],
                           src_layout=_src_layout(model, batch), label_smoothing=label_smoothing)  # fmt: skip
         return loss, batch["tgt_tokens"]
-    src, tgt_in, tgt_out = (batch[k].repeat(2, 1) for k in ("src", "tgt_in", "tgt_out"))  # (2B, S), (2B, T) x 2
-    logits, targets = target_logits(model, src, tgt_in, tgt_out, _src_layout(model, batch, 2), 2 * batch["tgt_tokens"])
-    n = batch["tgt_tokens"]
-    return rdrop_loss(logits, targets[:n], label_smoothing, rdrop_alpha), n
+    B, T = batch["tgt_in"].shape
+    src, tgt_in = (batch[k].repeat(2, 1) for k in ("src", "tgt_in"))  # (2B, S), (2B, T)
+    positions = batch["tgt_positions"]  # (N,) flat positions in (B, T); the second copy's rows follow the first's
+    where = torch.cat([positions, positions + B * T])  # (2N,)
+    loss = model.loss(src, tgt_in, batch["tgt_labels"], where=where, src_layout=_src_layout(model, batch, 2),
+                      label_smoothing=label_smoothing, rdrop_alpha=rdrop_alpha)  # fmt: skip
+    return loss, batch["tgt_tokens"]

@@ -173,13 +173,16 @@ class EncoderDecoder(nn.Module):
         return self.output(self._pair_states(src, tgt, where, src_layout))
 
     def loss(self, src: Tensor, tgt: Tensor, labels: Tensor, where: Tensor | None = None,
-             src_layout: SequenceLayout | None = None, label_smoothing: float = 0.0) -> Tensor:  # fmt: skip
+             src_layout: SequenceLayout | None = None, label_smoothing: float = 0.0,
+             rdrop_alpha: float | None = None) -> Tensor:  # fmt: skip
         """The label-smoothed cross-entropy summed over the labelled rows: `labels` has one entry per row of forward's
         logits, pad_id where a row has none. The output layer and the loss are one piece (linear_cross_entropy), so
-        that no (N, V) logits are kept; compile_dynamic compiles this method, the training step's graph."""
+        that no (N, V) logits are kept; compile_dynamic compiles this method, the training step's graph. With
+        rdrop_alpha, src and tgt hold a batch twice (two dropout masks, one pass), `where` picks the same rows of
+        each copy, and labels has one entry per pair of rows: R-Drop's loss."""
         x = self._pair_states(src, tgt, where, src_layout)
         return linear_cross_entropy(x.flatten(0, -2), self.output.weight, labels, label_smoothing, self.pad_id,
-                                    self.output.bias)  # fmt: skip
+                                    self.output.bias, rdrop_alpha)  # fmt: skip
 
     def _pair_states(self, src: Tensor, tgt: Tensor, where: Tensor | None,
                      src_layout: SequenceLayout | None) -> Tensor:  # fmt: skip
