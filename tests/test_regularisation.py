@@ -26,11 +26,11 @@ def tiny(**overrides):
     return build_model(cfg).train()
 
 
-def batch() -> dict:
+def batch(length_rungs: int | None = None) -> dict:
     g = torch.Generator().manual_seed(1)
     pairs = [(torch.randint(4, V, (n,), generator=g).numpy(), torch.randint(4, V, (m,), generator=g).numpy(), i)
              for i, (n, m) in enumerate([(5, 7), (3, 2), (6, 4)])]  # fmt: skip
-    return Collate(PAD, BOS, EOS)(pairs)
+    return Collate(PAD, BOS, EOS, length_rungs)(pairs)
 
 
 def rdrop_reference(logits: torch.Tensor, labels: torch.Tensor, smoothing: float, alpha: float, ignore_index: int):
@@ -48,7 +48,8 @@ def rdrop_reference(logits: torch.Tensor, labels: torch.Tensor, smoothing: float
 
 @pytest.mark.parametrize("kernel", ["compiled", "eager"])
 @pytest.mark.parametrize("chunk_rows", [None, 7], ids=["one-chunk", "chunked"])
-def test_the_fused_rdrop_loss_equals_the_reference_in_float64(monkeypatch, chunk_rows, kernel):
+@pytest.mark.parametrize(("bias", "ignore_index"), [(True, PAD), (False, -100)], ids=["bias-pad", "minus-100"])
+def test_the_fused_rdrop_loss_equals_the_reference_in_float64(monkeypatch, bias, ignore_index, chunk_rows, kernel):
     """The output layer and R-Drop's loss in one piece: the value and the gradients in x, weight and bias of
     torch.distributions' formulation, rows labelled ignore_index counting for nothing in either pass."""
     torch.manual_seed(0)
@@ -58,26 +59,46 @@ def test_the_fused_rdrop_loss_equals_the_reference_in_float64(monkeypatch, chunk
         monkeypatch.setattr(fused, "CHUNK_ELEMENTS", 2 * chunk_rows * vocab)  # pairs of rows
     x = torch.randn(2 * n, d, dtype=torch.float64, requires_grad=True)
     w = torch.randn(vocab, d, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(vocab, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(vocab, dtype=torch.float64, requires_grad=True) if bias else None
+    params = (x, w) if b is None else (x, w, b)
     labels = torch.randint(0, vocab, (n,))
-    labels[::6] = PAD
+    labels[::6] = ignore_index
     compiled = mock.Mock(wraps=fused._compiled_kernel)
     monkeypatch.setattr(fused, "_compiled_kernel", compiled)
-    want = rdrop_reference(F.linear(x, w, b), labels, 0.1, 3.0, PAD)
-    got = fused.linear_cross_entropy(x, w, labels, 0.1, PAD, b, rdrop_alpha=3.0)
+    want = rdrop_reference(F.linear(x, w, b), labels, 0.1, 3.0, ignore_index)
+    got = fused.linear_cross_entropy(x, w, labels, 0.1, ignore_index, b, rdrop_alpha=3.0)
     torch.testing.assert_close(got, want)
-    for g, h in zip(torch.autograd.grad(2.5 * got, (x, w, b)), torch.autograd.grad(2.5 * want, (x, w, b))):
+    for g, h in zip(torch.autograd.grad(2.5 * got, params), torch.autograd.grad(2.5 * want, params)):
         torch.testing.assert_close(g, h)
     calls = 0 if kernel == "eager" else 4 if chunk_rows else 1
     assert compiled.call_args_list == calls * [mock.call(fused.rdrop_logit_loss_and_grad)]
     with pytest.raises(ValueError, match="x has 50 rows for 24 labels: the loss needs two rows a label"):
-        fused.linear_cross_entropy(x, w, labels[1:], 0.1, PAD, b, rdrop_alpha=3.0)
+        fused.linear_cross_entropy(x, w, labels[1:], 0.1, ignore_index, b, rdrop_alpha=3.0)
+
+
+def test_float16_rdrop_is_differentiated_by_autograd_from_float32_logits():
+    """float16's gradient in the logits would flush to zero in the fused piece (as the cross-entropy's): the formula
+    runs on float32 copies of float16 logits and autograd differentiates it."""
+    torch.manual_seed(0)
+    n, d, vocab = 6, 8, 11
+    x, w = torch.randn(2 * n, d).half().requires_grad_(), torch.randn(vocab, d).half().requires_grad_()
+    labels = torch.randint(1, vocab, (n,))
+    with mock.patch.object(fused._LinearCrossEntropy, "apply", side_effect=AssertionError("fused")):
+        got = fused.linear_cross_entropy(x, w, labels, 0.1, PAD, rdrop_alpha=3.0)
+    want = rdrop_reference(F.linear(x, w).float(), labels, 0.1, 3.0, PAD)
+    torch.testing.assert_close(got, want)
+    for g, h in zip(torch.autograd.grad(got, (x, w)), torch.autograd.grad(want, (x, w))):
+        assert g.dtype == torch.float16
+        torch.testing.assert_close(g, h)
 
 
 def test_rdrop_adds_the_kl_between_two_dropout_masks_and_nothing_without_dropout():
     b = batch()
     plain = tiny(dropout=0.0)
     torch.testing.assert_close(batch_loss_sum(plain, b, 0.1, rdrop_alpha=5.0)[0], batch_loss_sum(plain, b, 0.1)[0])
+    rungs = batch(length_rungs=4)  # padded to a rung, the loss asked at every position: pad labels count for nothing
+    assert rungs["tgt_positions"].numel() > rungs["tgt_tokens"]
+    torch.testing.assert_close(batch_loss_sum(plain, rungs, 0.1, rdrop_alpha=5.0)[0], batch_loss_sum(plain, b, 0.1)[0])
 
     model = tiny(dropout=0.3)
     losses, grads = {}, {}

@@ -8,8 +8,8 @@ from .transformer import EncoderDecoder
 
 def compile_dynamic(model: EncoderDecoder, **options) -> None:
     """Compile in place model.loss (the encoder, the decoder and the fused loss: the training step's graph, R-Drop's
-    too), so parameter names (and checkpoints) stay the plain model's. dynamic=True: every batch has
-    other sizes, so they are symbols from the first trace on, not after a recompile or two of static ones.
+    too), so parameter names (and checkpoints) stay the plain model's. dynamic=True: every batch has other sizes, so
+    they are symbols from the first trace on, not after a recompile or two of static ones.
 
     dynamic=True also makes every Python float symbolic (torch's specialize_float=False): each module's eps, dropout
     p and embedding scale becomes a graph input, and the first that an operator cannot take symbolically

@@ -13,6 +13,7 @@ each pass in one kernel: the plain ops (float32 logits, log-softmaxes, KL diverg
 2.3-2.6x as long at the small model's shapes (docs/benchmarks.md, "The output layer and loss")."""
 
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -144,7 +145,7 @@ _compiled = {}  # each plain formula compiled by inductor
 VARIANTS = 16
 
 
-def _compiled_kernel(formula):
+def _compiled_kernel(formula: Callable) -> Callable:
     if formula not in _compiled:
         _compiled[formula] = torch.compile(formula, dynamic=True, fullgraph=True)
     return _compiled[formula]
@@ -158,15 +159,15 @@ def logit_kernel(z: Tensor, labels: Tensor, smoothing: float, ignore_index: int,
     where inductor cannot build it (no C++ compiler: said once). The cross-entropy's eager ops work in place."""
     global eager_only
     formula = logit_loss_and_grad if rdrop_alpha is None else rdrop_logit_loss_and_grad
-    alpha = () if rdrop_alpha is None else (rdrop_alpha,)
+    weights = (smoothing,) if rdrop_alpha is None else (smoothing, rdrop_alpha)  # the formula's float arguments
     if torch.compiler.is_compiling():  # in a compiled model's graph, whose kernel inductor builds with the rest
-        return formula(z, labels, smoothing, *alpha, ignore_index, wants_grad)
+        return formula(z, labels, *weights, ignore_index, wants_grad)
     eager = in_place_logit_loss_and_grad if rdrop_alpha is None else rdrop_logit_loss_and_grad
     if (z.device.type != "cpu" or eager_only or _get_current_dispatch_mode() is not None
             or _get_current_function_mode_stack()):  # fmt: skip
-        return eager(z, labels, smoothing, *alpha, ignore_index, wants_grad)
+        return eager(z, labels, *weights, ignore_index, wants_grad)
     wide = _wide(z.dtype)
-    values = (torch.tensor(v, dtype=wide) for v in (smoothing, *alpha))
+    values = (torch.tensor(v, dtype=wide) for v in weights)
     try:
         with torch._dynamo.config.patch(recompile_limit=VARIANTS):
             return _compiled_kernel(formula)(z, labels, *values, torch.tensor(ignore_index), wants_grad)
@@ -174,7 +175,7 @@ def logit_kernel(z: Tensor, labels: Tensor, smoothing: float, ignore_index: int,
         reason = f"{error.inner_exception!r:.200}"
         warnings.warn(f"the loss runs in eager ops: inductor could not build its kernel ({reason})", stacklevel=2)
         eager_only = True
-        return eager(z, labels, smoothing, *alpha, ignore_index, wants_grad)
+        return eager(z, labels, *weights, ignore_index, wants_grad)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -196,22 +197,25 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_weight = weight.new_zeros(weight.shape, dtype=wide) if wants_weight and chunked else None  # summed
         grad_bias = weight.new_zeros(V, dtype=wide) if wants_bias else None  # summed over rows
         totals = []
-        for start in range(0, n, rows) if chunked else [0]:
-            parts = [slice(k * n + start, k * n + min(start + rows, n)) for k in range(passes)]  # each pass's rows
-            xc = x if not chunked else x[parts[0]] if passes == 1 else torch.cat([x[r] for r in parts])  # (m, d)
-            yc = labels[parts[0]] if chunked else labels  # (m / passes,)
-            z = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias, xc, weight.t())  # (m, V)
+        for start in range(0, n, rows) if chunked else [None]:
+            if start is None:  # the whole batch in one chunk: pass one's rows, then pass two's
+                xc, yc = x, labels  # (passes * n, d), (n,)
+            else:  # a chunk of c rows from each pass, kept in that order
+                parts = [slice(k * n + start, k * n + min(start + rows, n)) for k in range(passes)]
+                xc = torch.cat([x[r] for r in parts]) if passes > 1 else x[parts[0]]  # (passes * c, d)
+                yc = labels[parts[0]]  # (c,)
+            z = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias, xc, weight.t())  # (passes * c, V)
             total, g = logit_kernel(z, yc, smoothing, ignore_index, wants_grad, rdrop_alpha)
             totals.append(total)
             if not wants_grad:
                 continue
-            g = g.to(x.dtype)  # (m, V)
+            g = g.to(x.dtype)  # (passes * c, V)
             if wants_x:
                 if chunked:
-                    for r, part in zip(parts, (g @ weight).split(len(yc))):  # (m / passes, d) each
+                    for r, part in zip(parts, (g @ weight).split(len(yc))):  # (c, d) each
                         grad_x[r] = part
                 else:
-                    grad_x = g @ weight  # (N, d)
+                    grad_x = g @ weight  # (passes * n, d)
             if wants_weight:
                 part = g.t() @ xc  # (V, d)
                 grad_weight = part if grad_weight is None else grad_weight.add_(part)

@@ -32,7 +32,7 @@ def attention_maps(model: EncoderDecoder, src: Tensor, tgt_in: Tensor) -> dict[s
             handles.append(attn.register_forward_pre_hook(ask_for_weights, with_kwargs=True))
             handles.append(attn.register_forward_hook(keep(f"{name}/layer{i}")))
     try:
-        with torch.compiler.set_stance("force_eager"):  # a compiled model's graphs have no hooks: never recompile
+        with torch.compiler.set_stance("force_eager"):  # were forward compiled, its graphs would run no hooks
             model(src, tgt_in)
     finally:
         for handle in handles:
