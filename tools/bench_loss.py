@@ -13,6 +13,7 @@ Run it alone, under jemalloc as training runs (LD_PRELOAD; the script restarts i
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -23,15 +24,14 @@ from common.training import multi30k_batches, train_steps
 from transformer.machine.allocator import restart_with_jemalloc
 from transformer.model import ModelConfig, build_model
 from transformer.model import cross_entropy as fused
-from transformer.model.layout import SequenceLayout
-from transformer.model.loss import batch_loss_sum, target_logits
+from transformer.model.loss import batch_loss_sum, batch_source_layout, target_logits
 
 TOKENS, VOCAB = 3600, 8000  # a recipe batch's real target tokens (max_tokens=4096, less padding and sources')
 ALPHA = 5.0  # R-Drop's, as the candidate recipe's (optim.rdrop_alpha=5)
 
 
 def kernel(name: str) -> None:
-    """Which kernel the fused piece takes from now on: "eager ops", or inductor's (any other name)."""
+    """Which kernel the fused piece takes from now on: "eager ops" or "inductor's kernel"."""
     fused.eager_only = name == "eager ops"
 
 
@@ -89,9 +89,7 @@ def rdrop_steps(model, optimizer, batches: list[dict], formulation: str) -> tupl
                 loss, _ = batch_loss_sum(model, batch, 0.1, ALPHA)
             else:
                 doubled = [batch[k].repeat(2, 1) for k in ("src", "tgt_in", "tgt_out")]  # (2B, S), (2B, T) x 2
-                layout = SequenceLayout.right_padded(batch["src_lengths"].repeat(2), batch["src"].size(1),
-                                                     batch["src_padded"], 2 * batch["src_tokens"],
-                                                     packed=model.padding_free)  # fmt: skip
+                layout = batch_source_layout(model, batch, copies=2)
                 logits, targets = target_logits(model, *doubled, layout, 2 * batch["tgt_tokens"])  # no host sync
                 loss = plain_rdrop(logits, targets[: batch["tgt_tokens"]], 0.1, ALPHA)
         optimizer.zero_grad(set_to_none=True)
@@ -108,19 +106,26 @@ def step_rows(windows: int, per_window: int = 4) -> list[str]:
     torch.manual_seed(0)
     model = build_model(cfg).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    runners = {  # (loss, kernel or formulation) -> batches -> (seconds, tokens)
-        ("cross-entropy", "fused, inductor's kernel"): lambda b: train_steps(model, optimizer, b, "bf16", tok.pad_id),
-        ("cross-entropy", "fused, eager ops"): lambda b: train_steps(model, optimizer, b, "bf16", tok.pad_id),
-        ("R-Drop", "fused, inductor's kernel"): lambda b: rdrop_steps(model, optimizer, b, "fused"),
-        ("R-Drop", "plain"): lambda b: rdrop_steps(model, optimizer, b, "plain"),
+
+    def cross_entropy_steps(b: list[dict]) -> tuple[float, int]:
+        return train_steps(model, optimizer, b, "bf16", tok.pad_id)
+
+    def rdrop(formulation: str) -> Callable[[list[dict]], tuple[float, int]]:
+        return lambda b: rdrop_steps(model, optimizer, b, formulation)
+
+    runners = {  # (loss, formulation) -> (the fused piece's kernel, batches -> (seconds, tokens))
+        ("cross-entropy", "fused, inductor's kernel"): ("inductor's kernel", cross_entropy_steps),
+        ("cross-entropy", "fused, eager ops"): ("eager ops", cross_entropy_steps),
+        ("R-Drop", "fused, inductor's kernel"): ("inductor's kernel", rdrop("fused")),
+        ("R-Drop", "plain"): ("inductor's kernel", rdrop("plain")),
     }
-    for run in runners.values():
+    for _, run in runners.values():
         run(batches[:3])
     rates = {name: [] for name in runners}
     for w in range(windows):  # interleaved, so that all see the same machine
         window = batches[3 + w * per_window : 3 + (w + 1) * per_window]
-        for name, run in runners.items():
-            kernel(name[1].removeprefix("fused, "))
+        for name, (kernel_name, run) in runners.items():
+            kernel(kernel_name)
             seconds, tokens = run(window)
             rates[name].append(tokens / seconds)
     kernel("inductor's kernel")

@@ -101,15 +101,15 @@ def rdrop_logit_loss_and_grad(z: Tensor, labels: Tensor, smoothing: float | Tens
 
     a, ce_one = log_softmax_and_loss(one)
     b, ce_two = log_softmax_and_loss(two)
-    p, q = a.exp(), b.exp()  # (n, V) each
-    kl_pq, kl_qp = (p * (a - b)).sum(1, keepdim=True), (q * (b - a)).sum(1, keepdim=True)  # (n, 1) each
+    p, q, log_ratio = a.exp(), b.exp(), a - b  # (n, V) each
+    kl_pq, kl_qp = (p * log_ratio).sum(1, keepdim=True), -(q * log_ratio).sum(1, keepdim=True)  # (n, 1) each
     loss = (ce_one + ce_two) / 2 + alpha / 4 * (kl_pq + kl_qp)  # (n, 1)
     total = torch.where(ignored, 0, loss).sum()
     if not wants_grad:
         return total, None
     label_part = smoothing / V + (1 - smoothing) * is_label.to(wide)  # (n, V)
-    g_one = (p - label_part) / 2 + alpha / 4 * (p * (a - b - kl_pq) + p - q)  # (n, V)
-    g_two = (q - label_part) / 2 + alpha / 4 * (q * (b - a - kl_qp) + q - p)
+    g_one = (p - label_part) / 2 + alpha / 4 * (p * (log_ratio - kl_pq) + p - q)  # (n, V)
+    g_two = (q - label_part) / 2 + alpha / 4 * (q * (-log_ratio - kl_qp) + q - p)
     return total, torch.cat([torch.where(ignored, 0, g) for g in (g_one, g_two)]).to(z.dtype)  # (2n, V)
 
 

@@ -26,7 +26,9 @@ def target_logits(model: EncoderDecoder, src: Tensor, tgt_in: Tensor, tgt_out: T
     return logits, tgt_out.flatten()[where]
 
 
-def _src_layout(model: EncoderDecoder, batch: dict, copies: int = 1) -> SequenceLayout:
+def batch_source_layout(model: EncoderDecoder, batch: dict, copies: int = 1) -> SequenceLayout:
+    """The source's layout from the collator's host facts (no wait on the device), for the batch repeated `copies`
+    times along its rows."""
     lengths = batch["src_lengths"].repeat(copies) if copies > 1 else batch["src_lengths"]
     return SequenceLayout.right_padded(lengths, batch["src"].size(1), batch["src_padded"],
                                        copies * batch["src_tokens"], packed=model.padding_free)  # fmt: skip
@@ -40,12 +42,12 @@ def batch_loss_sum(model: EncoderDecoder, batch: dict, label_smoothing: float,
     one pass (two dropout masks) and the loss is R-Drop's (EncoderDecoder.loss)."""
     if rdrop_alpha is None:
         loss = model.loss(batch["src"], batch["tgt_in"], batch["tgt_labels"], where=batch["tgt_positions"],
-                          src_layout=_src_layout(model, batch), label_smoothing=label_smoothing)  # fmt: skip
+                          src_layout=batch_source_layout(model, batch), label_smoothing=label_smoothing)  # fmt: skip
         return loss, batch["tgt_tokens"]
     B, T = batch["tgt_in"].shape
     src, tgt_in = (batch[k].repeat(2, 1) for k in ("src", "tgt_in"))  # (2B, S), (2B, T)
     positions = batch["tgt_positions"]  # (N,) flat positions in (B, T); the second copy's rows follow the first's
     where = torch.cat([positions, positions + B * T])  # (2N,)
-    loss = model.loss(src, tgt_in, batch["tgt_labels"], where=where, src_layout=_src_layout(model, batch, 2),
+    loss = model.loss(src, tgt_in, batch["tgt_labels"], where=where, src_layout=batch_source_layout(model, batch, 2),
                       label_smoothing=label_smoothing, rdrop_alpha=rdrop_alpha)  # fmt: skip
     return loss, batch["tgt_tokens"]
