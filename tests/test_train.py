@@ -5,11 +5,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf, open_dict
+from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -22,8 +24,8 @@ from transformer.model import RuntimeConfig
 from transformer.model.kernels.rules import cuda_kernel
 from transformer.train import as_launched, train
 from transformer.training import OptimConfig, TranslationModule, ValidationConfig
-from transformer.training.module import lr_factor
 from transformer.training.resume import launch_overrides, run_dir_for
+from transformer.training.schedule import check_schedule, clock_share, lr_factor
 from transformer.training.setup import model_config
 from transformer.training.tensorboard import TensorBoardSamples
 
@@ -53,6 +55,37 @@ def test_lr_schedules():
     assert lr_factor(3, 4, "cosine", 20) == pytest.approx(1.0)
     assert lr_factor(11, 4, "cosine", 20) == pytest.approx(0.5)
     assert lr_factor(19, 4, "cosine", 20) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_cosine_decays_by_the_clock_or_the_steps_whichever_ends_the_run_first():
+    assert lr_factor(11, 4, "cosine", 10**6, clock=0.5) == pytest.approx(0.5)  # the clock's half, not the steps'
+    assert lr_factor(11, 4, "cosine", 20, clock=0.1) == pytest.approx(0.5)  # the steps end it first
+    assert lr_factor(11, 4, "cosine", 10**6, clock=1.0) == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(15, 4, "inverse_sqrt", 0, clock=0.9) == pytest.approx(0.5)  # no end to reach
+    # a clock running from step 0 (a run of 100 steps): the ramp meets the cosine without a jump, then follows it
+    factors = [lr_factor(step, 10, "cosine", 10**6, clock=(step + 1) / 100) for step in range(100)]
+    assert max(abs(a - b) for a, b in zip(factors, factors[1:])) <= 0.1 + 1e-9  # the ramp's own rise per step
+    assert max(factors) < 1 and factors[-1] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_clocks_share_counts_a_resumed_runs_time():
+    timer = Timer(duration="00:00:01:00")
+    timer.load_state_dict({"time_elapsed": {"train": 30.0}})  # a resumed run that trained 30 s of its minute
+    assert clock_share(SimpleNamespace(callbacks=[timer]))() == pytest.approx(0.5)
+    assert clock_share(SimpleNamespace(callbacks=[]))() == 0.0  # no time limit
+    assert lr_factor(11, 4, "cosine", None, clock=0.5) == pytest.approx(0.5)  # max_epochs=-1: the clock alone
+
+
+def test_a_cosine_without_an_end_or_by_a_clock_the_ddp_ranks_read_apart_is_refused():
+    run = {"max_time": "00:00:01:00", "max_steps": -1, "max_epochs": None, "num_nodes": 1, "devices": 1,
+           "accelerator": "cpu"}  # fmt: skip
+    check_schedule("cosine", run)
+    check_schedule("inverse_sqrt", {**run, "devices": 2})
+    check_schedule("cosine", {**run, "devices": 2, "max_time": None, "max_steps": 100})
+    with pytest.raises(ValueError, match=r"max_time=00:00:01:00 decays by the clock, which the 4 ranks .*max_steps=N"):
+        check_schedule("cosine", {**run, "devices": 2, "num_nodes": 2})
+    with pytest.raises(ValueError, match="max_epochs=-1 without trainer.max_steps or trainer.max_time never ends"):
+        check_schedule("cosine", {**run, "max_time": None, "max_epochs": -1})
 
 
 @pytest.fixture(scope="module")
@@ -413,6 +446,27 @@ def test_bf16_mixed_precision_on_cpu(corpus, tmp_path):
     assert all(p.dtype == torch.float32 for p in trainer.lightning_module.parameters())  # fp32 master weights
 
 
+def test_a_run_bound_by_the_clock_decays_its_cosine_to_zero_when_the_clock_stops_it(corpus, tmp_path):
+    cfg = compose_train(tmp_path / "run", [*on(corpus), "model=tiny", "trainer.precision=32-true", "~logger",
+                                           "optim.schedule=cosine", "optim.warmup_steps=5", "optim.lr=1e-3",
+                                           "trainer.max_time=00:00:00:06", "trainer.max_epochs=1000",
+                                           "trainer.limit_val_batches=0", "trainer.enable_progress_bar=false"])  # fmt: skip
+    with open_dict(cfg):
+        cfg.callbacks.lr = {"_target_": f"{__name__}.LearningRates"}
+    trainer = train(cfg, tmp_path / "run")
+    rates = callback(trainer, LearningRates).rates
+    assert 20 < len(rates) < 1000 * 13  # the clock stopped it
+    assert rates[-1] < 0.05 * 1e-3 and all(a >= b for a, b in zip(rates[5:], rates[6:]))
+
+
+class LearningRates(pl.Callback):
+    def __init__(self):
+        self.rates = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.rates.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
 class BF16Probe(pl.Callback):
     """Records the dtype of the last decoder layer's feed-forward output during training (the output layer's matmul
     runs inside the fused loss, no module of its own)."""
@@ -491,6 +545,7 @@ def checkpoint_file(runs):
         (["trainer.max_epochs=abc"], "error: trainer.max_epochs='abc' must be one of: int, null", True),
         (["model.d_model=250", "model.n_heads=8"], "error: d_model=250 is not divisible by n_heads=8; change one of them", True),
         (["ckpt_path=/nonexistent/last.ckpt"], "error: ckpt_path=/nonexistent/last.ckpt: no such file", True),
+        (["optim.schedule=cosine", "trainer.max_time=00:00:10:00", "trainer.devices=2"], "error: optim.schedule=cosine with trainer.max_time=00:00:10:00 decays by the clock", True),
         (["ckpt_path=TRUNCATED"], "error: ckpt_path=TRUNCATED cannot be loaded (", True),
         (["ckpt_path=CHECKPOINT", "data.vocab_size=360"], "error: ckpt_path=CHECKPOINT was trained with another src vocabulary", False),
         (["ckpt_path=CHECKPOINT", "model=small"], "error: ckpt_path=CHECKPOINT has model model.d_model=32, this run has 256", False),

@@ -36,6 +36,7 @@ from .training.checkpoint import (
 from .training.errors import TrainingError
 from .training.initial import check_run_folder_free, check_vocabulary, launched_as_rank_zero, run_start
 from .training.resume import RecordOverrides, check_resumable, launch_overrides, load_checkpoint, resolve_ckpt_path
+from .training.schedule import check_schedule
 from .training.setup import check_compile, check_lengths, checked_trainer_args, model_config
 
 # ExactResume restores the batch sampler's position itself, which Lightning cannot see.
@@ -56,6 +57,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> pl.T
     # is a placeholder here, the tokenizer's below (or the model's the run starts from)
     architecture = start.model or ModelConfig.from_choice(plain["model"], src_vocab_size=2, tgt_vocab_size=2, pad_id=0)
     check_compile(cfg.compile, cfg.compile_mode, runtime, data_config)
+    check_schedule(optim.schedule, plain["trainer"])
     check_lengths(data_config, architecture)
     trainer_args, precision_note = checked_trainer_args(plain["trainer"], runtime, architecture,
                                                         checkpoint.get("precision") if checkpoint else None)  # fmt: skip

@@ -16,7 +16,7 @@ class OptimConfig:
     beta2: float = 0.98  # AdamW's decay of their running square
     weight_decay: float = 0.01  # not applied to biases, norms and positions
     warmup_steps: int = 400  # linear warmup to lr; 800 would outlast the default run (5 epochs, ~625 steps)
-    schedule: str = "inverse_sqrt"  # the paper's; cosine decays to zero at the last step
+    schedule: str = "inverse_sqrt"  # the paper's; cosine decays to zero where the run ends: last step or max_time
     label_smoothing: float = 0.1  # the share of the target's probability spread over the vocabulary
     ema_decay: float | None = None  # an exponential moving average of the weights, validated with and checkpointed
     ema_warmup: bool = False  # early on the average spans the last ~tenth of the steps, not all of them

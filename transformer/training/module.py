@@ -13,19 +13,9 @@ from .config import OptimConfig, ValidationConfig
 from .ema import WeightAverage
 from .exact_resume import ExactResume
 from .progress import in_place_of
+from .schedule import clock_share, lr_factor, step_limit
 from .scoring import BleuScorer, Score
 from .steps import StepLedger
-
-
-def lr_factor(step: int, warmup: int, schedule: str, total: int) -> float:
-    """Multiplier of the peak learning rate at optimizer step `step` (0-based): linear warmup, then decay."""
-    step += 1
-    if step <= warmup:
-        return step / max(warmup, 1)
-    if schedule == "inverse_sqrt":
-        return math.sqrt(warmup / step) if warmup > 0 else 1 / math.sqrt(step)
-    progress = min(1.0, (step - warmup) / max(total - warmup, 1))
-    return 0.5 * (1 + math.cos(math.pi * progress))
 
 
 class TranslationModule(pl.LightningModule):
@@ -182,9 +172,10 @@ class TranslationModule(pl.LightningModule):
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True,
         )  # fmt: skip
-        total = int(self.trainer.estimated_stepping_batches) if cfg.schedule == "cosine" else 0
+        total = step_limit(self.trainer) if cfg.schedule == "cosine" else None
+        clock = clock_share(self.trainer)  # a function: LambdaLR's state_dict would copy a callable object's fields
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, cfg.warmup_steps, cfg.schedule, total)
+            optimizer, lambda step: lr_factor(step, cfg.warmup_steps, cfg.schedule, total, clock())
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

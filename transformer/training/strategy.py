@@ -19,7 +19,7 @@ def training_strategy(name: str, devices, num_nodes: int = 1, accelerator: str =
             "here read whole weights on each rank; train with trainer=ddp (transformer-big's weights, gradients and "
             "Adam state, about 3.4 GB, fit on every GPU)"
         )
-    if name == "auto" and (num_nodes > 1 or _device_count(devices, accelerator) > 1):
+    if name == "auto" and (num_nodes > 1 or device_count(devices, accelerator) > 1):
         name = "ddp"
     entry = StrategyRegistry[name] if name in StrategyRegistry else None
     if entry is None or not issubclass(entry["strategy"], DDPStrategy):
@@ -27,7 +27,7 @@ def training_strategy(name: str, devices, num_nodes: int = 1, accelerator: str =
     return entry["strategy"](**entry["init_params"], broadcast_buffers=False)
 
 
-def _device_count(devices, accelerator: str) -> int:
+def device_count(devices, accelerator: str) -> int:
     """How many devices of one node trainer.devices names (Lightning's forms: 2, "2", [0, 1], "0,1", "auto", -1):
     "auto" and -1 are every GPU on a GPU, one process on a CPU."""
     if isinstance(devices, list | tuple):
