@@ -1,6 +1,7 @@
 import inspect
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -24,7 +25,7 @@ from transformer.model import RuntimeConfig
 from transformer.model.kernels.rules import cuda_kernel
 from transformer.train import as_launched, train
 from transformer.training import OptimConfig, TranslationModule, ValidationConfig
-from transformer.training.resume import launch_overrides, run_dir_for
+from transformer.training.resume import launch_overrides, launch_record, run_dir_for
 from transformer.training.schedule import check_schedule, clock_share, lr_factor
 from transformer.training.setup import model_config
 from transformer.training.tensorboard import TensorBoardSamples
@@ -393,6 +394,28 @@ def test_checkpoints_keep_the_3_best_by_the_logged_metric_and_last(overfitted, m
 
 
 # --- the command line ------------------------------------------------------------------------------
+
+
+def test_a_run_folders_first_launch_records_its_config_in_hydras_folder_and_a_later_one_beside_it(tmp_path):
+    assert launch_record(str(tmp_path), "2026-12-08_02-10-00") == ".hydra"
+    (tmp_path / ".hydra").mkdir()
+    assert launch_record(str(tmp_path), "2026-12-08_02-10-00") == ".hydra/2026-12-08_02-10-00"
+
+
+@pytest.mark.slow  # end to end in a subprocess
+def test_a_refused_resume_leaves_the_config_the_run_was_launched_with(runs, tmp_path):
+    """A resume refused after Hydra wrote its record (a model the checkpoint does not hold, found once the data are
+    prepared) records itself beside the run's own config, not over it."""
+    tmp, *_ = runs
+    run = tmp_path / "run"
+    shutil.copytree(tmp / "a", run)
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "config.yaml").write_text("the config the run was launched with\n")
+    result = run_command("ckpt_path=last", f"hydra.run.dir={run}", "model=small")
+    assert result.returncode == 2 and "has model model.d_model=32, this run has 256" in result.stderr, result.stderr
+    assert (run / ".hydra" / "config.yaml").read_text() == "the config the run was launched with\n"
+    (later,) = [p for p in (run / ".hydra").iterdir() if p.is_dir()]
+    assert "size: small" in (later / "config.yaml").read_text()  # the refused command's
 
 
 @pytest.mark.slow  # end to end in subprocesses

@@ -17,7 +17,7 @@ from ..base.typecheck import accepted
 from ..data import DataConfig
 from ..model import ModelConfig, RuntimeConfig
 from ..training import OptimConfig, ValidationConfig
-from ..training.resume import run_dir_for
+from ..training.resume import launch_record, run_dir_for
 from ..translators import SearchConfig
 from .serve import ServeConfig
 
@@ -177,3 +177,4 @@ def register_configs() -> None:
     store.store(group="trainer", name="schema", node=OmegaConf.structured(trainer_arguments(pl.Trainer)))
     # hydra.run.dir: a resumed run continues in its checkpoint's run folder, and evaluation writes there too
     OmegaConf.register_new_resolver("run_dir_for", run_dir_for, replace=True)
+    OmegaConf.register_new_resolver("launch_record", launch_record, replace=True)

@@ -30,6 +30,12 @@ def run_dir_for(ckpt_path, default: str, outputs: str = "outputs") -> str:
     return str(path.parent.parent) if path.parent.name == "checkpoints" else default
 
 
+def launch_record(output_dir: str, now: str) -> str:
+    """hydra.output_subdir: .hydra/ for a run folder's first launch; a later launch (a resume, refused or not) records
+    its config in .hydra/<now>/, never over the config the run was launched with."""
+    return f".hydra/{now}" if (Path(output_dir) / ".hydra").is_dir() else ".hydra"
+
+
 def checkpoint_file(ckpt_path: str, run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
 
