@@ -267,7 +267,7 @@ def test_the_command_resumes_with_the_recorded_overrides_first_and_says_when_the
     assert "resuming as launched:" in capsys.readouterr().err
     assert as_launched(["--cfg", "job", *given]) == [*as_launched(given), "--cfg", "job"]  # shows what resumes
     assert as_launched([*given, "--info"])[-1] == "--info"  # last: it would take an override for its value
-    for multirun in (["-m", *given], [*given, "hydra.mode=MULTIRUN"]):  # its jobs have folders of their own
+    for multirun in (["-m", *given], ["--multi", *given], [*given, "hydra.mode=MULTIRUN"]):  # jobs have own folders
         assert as_launched(multirun) == multirun
     checkpoint = torch.load(last, weights_only=True)
     del checkpoint["overrides"]  # as checkpoints written before they were recorded
@@ -281,6 +281,10 @@ def test_hydras_flags_are_told_from_overrides_with_their_values():
     argv = ["ckpt_path=x", "a=1", "~b", "-cn", "train", "--cfg", "job", "--info", "defaults", "--resolve", "--info"]
     assert split_flags(argv) == (["-cn", "train", "--cfg", "job", "--info", "defaults", "--resolve", "--info"],
                                  ["ckpt_path=x", "a=1", "~b"])  # fmt: skip
+    # argparse's abbreviations of long flags, as Hydra reads them; an ambiguous one (--c) names no flag
+    argv = ["ckpt_path=x", "--config-n", "train", "--cf", "job", "--inf", "defaults", "--multi", "a=1", "--c"]
+    assert split_flags(argv) == (["--config-n", "train", "--cf", "job", "--inf", "defaults", "--multi", "--c"],
+                                 ["ckpt_path=x", "a=1"])  # fmt: skip
 
 
 @pytest.mark.parametrize(

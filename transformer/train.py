@@ -19,7 +19,7 @@ import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .base.overrides import laid_over, override_key, split_flags
+from .base.overrides import flag_name, laid_over, override_key, split_flags
 from .cli.command import CONFIGS, check_overrides, exit_with, one_line_errors
 from .data import DataConfig, TranslationDataModule
 from .machine.allocator import allocator_hint, restart_with_jemalloc
@@ -132,7 +132,7 @@ def as_launched(argv: list[str]) -> list[str]:
     no override for its value). A multirun is left as it is: its jobs' folders are not the run folder
     `ckpt_path=last` looks in."""
     flags, overrides = split_flags(argv)
-    multirun = {"-m", "--multirun"} & set(flags) or "hydra.mode=MULTIRUN" in overrides
+    multirun = {"-m", "--multirun"} & {flag_name(f) for f in flags} or "hydra.mode=MULTIRUN" in overrides
     if multirun or not any(override_key(o) == "ckpt_path" for o in overrides):
         return argv
     # ckpt_path and the run folder alone: the rest may need the recorded overrides to compose (~ of a recorded +)

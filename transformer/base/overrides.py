@@ -2,11 +2,21 @@
 
 # Hydra's flags that take a value, which argparse reads from the next argument (`--cfg job`, `-cn train`), and those
 # that may (`--info defaults`), with the values they take: told apart from the overrides around them by these.
-# Abbreviated flags (`--config-n`), which argparse also accepts, are not recognised.
 _TAKES_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
                 "-cd", "--experimental-rerun"}  # fmt: skip
 _INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 _MAY_TAKE_VALUE = {"--info": _INFO_CHOICES, "-i": _INFO_CHOICES}
+_LONG = ("--help", "--hydra-help", "--version", "--cfg", "--resolve", "--package", "--run", "--multirun",
+         "--shell-completion", "--config-path", "--config-name", "--config-dir", "--experimental-rerun", "--info")  # fmt: skip
+
+
+def flag_name(arg: str) -> str:
+    """The flag an argument names, as Hydra's argparse reads it: a long flag's unambiguous abbreviation (`--config-n`,
+    `--multi`) stands for the flag; any other argument is itself."""
+    if not arg.startswith("--") or arg in _LONG:
+        return arg
+    matches = [flag for flag in _LONG if flag.startswith(arg)]
+    return matches[0] if len(matches) == 1 else arg
 
 
 def override_key(override: str) -> str:
@@ -40,7 +50,8 @@ def split_flags(argv: list[str]) -> tuple[list[str], list[str]]:
             overrides.append(arg)
             i += 1
             continue
-        with_value = arg in _TAKES_VALUE or (i + 1 < len(argv) and argv[i + 1] in _MAY_TAKE_VALUE.get(arg, ()))
+        name = flag_name(arg)
+        with_value = name in _TAKES_VALUE or (i + 1 < len(argv) and argv[i + 1] in _MAY_TAKE_VALUE.get(name, ()))
         width = 2 if with_value else 1
         flags.extend(argv[i : i + width])
         i += width
