@@ -13,7 +13,7 @@ from .config import OptimConfig, ValidationConfig
 from .ema import WeightAverage
 from .exact_resume import ExactResume
 from .progress import in_place_of
-from .schedule import clock_share, lr_factor, step_limit
+from .schedule import lr_multiplier
 from .scoring import BleuScorer, Score
 from .steps import StepLedger
 
@@ -172,11 +172,8 @@ class TranslationModule(pl.LightningModule):
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True,
         )  # fmt: skip
-        total = step_limit(self.trainer) if cfg.schedule == "cosine" else None
-        clock = clock_share(self.trainer)  # a function: LambdaLR's state_dict would copy a callable object's fields
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, cfg.warmup_steps, cfg.schedule, total, clock())
-        )
+        multiplier = lr_multiplier(cfg.schedule, cfg.warmup_steps, self.trainer)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # Checkpoints: the tokenizers, so that a checkpoint translates alone; what exact resume needs (ExactResume)

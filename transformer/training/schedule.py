@@ -42,6 +42,15 @@ def clock_share(trainer: pl.Trainer) -> Callable[[], float]:
     return lambda: timer.time_elapsed() / duration if duration > 0 else 1.0
 
 
+def lr_multiplier(schedule: str, warmup: int, trainer: pl.Trainer) -> Callable[[int], float]:
+    """What LambdaLR calls at each step. A function, not a callable object, whose fields LambdaLR's state_dict would
+    copy into checkpoints; only a cosine reads the run's end and its clock."""
+    if schedule != "cosine":
+        return lambda step: lr_factor(step, warmup, schedule, None)
+    total, clock = step_limit(trainer), clock_share(trainer)
+    return lambda step: lr_factor(step, warmup, schedule, total, clock())
+
+
 def check_schedule(schedule: str, trainer: dict) -> None:  # trainer: the Trainer's arguments, every one given
     """Refuse, in one line, a cosine that cannot find its end: a run without one, or a clock that each DDP rank would
     read apart, stepping the ranks' weights with different learning rates."""
